@@ -1,0 +1,54 @@
+"""Shared fixtures: tokenizers trained on the spot (no downloads), and the real ones in ../shared."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vocabbridge import load_tokenizer
+from vocabbridge.testing import make_extended, train_base, train_sentencepiece
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SHARED = Path(os.environ.get("VOCABBRIDGE_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+SHARED_TOKENIZERS = SHARED / "tokenizers"
+
+
+def shared_tokenizer(name: str) -> Path:
+    """Path of a real tokenizer in ../shared/tokenizers, or skip the test saying why."""
+    p = SHARED_TOKENIZERS / name
+    if not p.is_dir():
+        pytest.skip(f"needs ../shared/tokenizers/{name} (real tokenizers are not in a fresh clone; set VOCABBRIDGE_SHARED)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def tok_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tokenizers")
+    base = train_base(root / "base")
+    _, facts = make_extended(base, root / "extended")
+    train_sentencepiece(root / "spm")
+    return {"base": root / "base", "extended": root / "extended", "spm": root / "spm", "facts": facts}
+
+
+@pytest.fixture(scope="session")
+def base_view(tok_dirs):
+    return load_tokenizer(tok_dirs["base"])
+
+
+@pytest.fixture(scope="session")
+def extended_view(tok_dirs):
+    return load_tokenizer(tok_dirs["extended"])
+
+
+@pytest.fixture(scope="session")
+def spm_view(tok_dirs):
+    return load_tokenizer(tok_dirs["spm"])
+
+
+@pytest.fixture(scope="session")
+def facts(tok_dirs):
+    return tok_dirs["facts"]

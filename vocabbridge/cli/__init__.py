@@ -1,0 +1,19 @@
+"""The ``vocabbridge`` command: a thin click layer over the library."""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from .common import Group
+from .diff_cmd import diff_cmd
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.version_option(__version__, prog_name="vocabbridge")
+def main(debug: bool) -> None:
+    """Speculative decoding across tokenizers: diff them, map them, serve and benchmark drafters."""
+
+
+main.add_command(diff_cmd)
