@@ -52,3 +52,22 @@ def spm_view(tok_dirs):
 @pytest.fixture(scope="session")
 def facts(tok_dirs):
     return tok_dirs["facts"]
+
+
+@pytest.fixture(scope="session")
+def tiny(tok_dirs, tmp_path_factory):
+    """Tiny random-weight causal LMs (float32, CPU): a target and drafters of three vocabularies."""
+    from vocabbridge.engine import load_causal_lm
+    from vocabbridge.testing import tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    specs = {
+        "target": (tok_dirs["base"], 0, 2),
+        "draft": (tok_dirs["base"], 1, 1),  # same vocabulary, other weights
+        "spm": (tok_dirs["spm"], 2, 1),  # SentencePiece-style vocabulary
+        "extended": (tok_dirs["extended"], 3, 1),  # the EXAONE-4.5-like vocabulary
+    }
+    out = {}
+    for name, (tdir, seed, layers) in specs.items():
+        out[name] = load_causal_lm(str(tiny_model(root / name, tdir, seed=seed, layers=layers)), dtype="float32")
+    return out

@@ -211,3 +211,33 @@ def train_sentencepiece(folder: Path | None = None, *, vocab_size: int = 700) ->
                              "{% if add_generation_prompt %}{{ '<s>[assistant] ' }}{% endif %}",
         })  # fmt: skip
     return doc
+
+
+def tiny_model(folder: Path, tokenizer_dir: Path, *, seed: int = 0, vocab_size: int | None = None, layers: int = 2,
+               hidden: int = 64, max_positions: int = 512) -> Path:
+    """A randomly initialised Llama-architecture causal LM saved with its tokenizer files, built
+    from a config (no download). Random weights are enough for "output equals plain greedy"."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .tokenizer import load_tokenizer
+
+    view = load_tokenizer(tokenizer_dir)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size or view.size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        bos_token_id=view.roles.get("bos"), eos_token_id=view.roles.get("eos"), pad_token_id=view.roles.get("pad"),
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # sharper logits than the default init, so greedy paths are not all ties
+        model.lm_head.weight.mul_(20.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    for f in tokenizer_dir.iterdir():
+        if f.is_file():
+            shutil.copy(f, folder / f.name)
+    return folder

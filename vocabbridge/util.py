@@ -21,3 +21,22 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def common_prefix_len(xs, ys) -> int:
+    """Length of the common prefix of two sequences (C-speed slice compares, binary search).
+
+    >>> common_prefix_len([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    n = min(len(xs), len(ys))
+    if xs[:n] == ys[:n]:
+        return n
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if xs[:mid] == ys[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -19,6 +19,7 @@ from ..tokenizer.encoding import display
 from ..tokenizer.roles import ROLE_ORDER
 from ..tokenizer.scripts import SCRIPTS, is_multiword, script_of
 from ..tokenizer.view import TokenizerView
+from ..util import common_prefix_len
 from .samples import SAMPLES
 
 
@@ -194,15 +195,7 @@ def identical_prefix(xs, ys) -> int:
     >>> identical_prefix([1, 2, 3], [1, 2, 4])
     2
     """
-    n = min(len(xs), len(ys))
-    lo, hi = 0, n  # binary search on slices: C-speed comparisons of big tuples
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if xs[:mid] == ys[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return common_prefix_len(xs, ys)
 
 
 def _base_bytes(v: TokenizerView) -> dict[bytes, int]:

@@ -1,0 +1,55 @@
+"""The drafter interface. A drafter is a factory (it owns the model, if any); each request gets a
+session that owns the per-request state (KV cache, n-gram index) and proposes target-vocabulary
+tokens. All drafters look alike to the engine (vLLM's proposers do the same)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # target-vocabulary ids, possibly fewer than asked (even none)
+    probs: torch.Tensor | None = None  # [len(tokens), V_target] drafter distribution; None → deterministic (one-hot)
+
+
+class DraftSession:
+    """Per-request drafting state."""
+
+    forwards: int = 0  # drafter model forwards so far
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        """Up to ``k`` tokens to follow ``context`` (all committed target ids: prompt + output)."""
+        raise NotImplementedError
+
+
+class Drafter:
+    name = "base"
+    uses_model = False
+
+    def load_model(self) -> None:
+        """Load weights if the drafter has any (n-gram and none have nothing to load)."""
+
+    def session(self, prompt: list[int]) -> DraftSession:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+class _NoDraft(DraftSession):
+    def propose(self, context, k, params, generator):
+        return Proposal([])
+
+
+class NoDrafter(Drafter):
+    """Plain decoding: one target forward per token."""
+
+    name = "none"
+
+    def session(self, prompt):
+        return _NoDraft()

@@ -1,0 +1,203 @@
+"""Drafters that run a small model: ``draft`` (same vocabulary) and ``bridged`` (another
+vocabulary, through a token map). The ``text`` drafter (text.py) builds on the same session.
+
+Each step the session turns the committed target context into drafter tokens, syncs its KV cache
+to them (crop to the common prefix, feed the rest: rollback after a rejection is implicit, and no
+stale entry survives), then drafts up to k tokens autoregressively. The last drafted token is
+never fed (its logits are not needed), and drafting stops early when the drafter's top
+probability falls below ``min_confidence`` (a guess it doubts is a wasted target position).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...errors import ConfigError
+from ..model import CausalLM
+from ..sampling import SamplingParams, logits_to_probs, sample
+from .base import DraftSession, Drafter, Proposal
+
+
+class ModelDraftSession(DraftSession):
+    """Shared machinery: context translation, KV sync with a context window, the draft loop."""
+
+    def __init__(self, lm: CausalLM, *, min_confidence: float):
+        self.lm = lm
+        # Drafting past the drafter's own end of turn proposes tokens the target will never reach.
+        self.stop_ids = frozenset(lm.view.roles[r] for r in ("eos", "end_of_turn") if r in lm.view.roles)
+        self.kv = lm.session()
+        self.min_confidence = min_confidence
+        self.window_start = 0  # drafter-token index where the drafter's view of the context starts
+        self.forwards = 0
+
+    # Subclasses: translate target context → drafter ids; drafter id → target id (or -1).
+    def drafter_context(self, context: list[int]) -> list[int]:
+        raise NotImplementedError
+
+    def _windowed(self, want: list[int], k: int) -> list[int]:
+        """Keep the drafter inside its context limit; move the window rarely (re-prefill costs)."""
+        limit = self.lm.max_context - k - 2
+        if len(want) - self.window_start > limit:
+            self.window_start = max(0, len(want) - limit // 2)
+        return want[self.window_start :] if self.window_start else want
+
+    def _feed(self, context: list[int], k: int) -> torch.Tensor:
+        want = self._windowed(self.drafter_context(context), k)
+        before = self.lm.forwards
+        logits = self.kv.sync(want, keep=1)[-1]  # [V_draft]
+        self.forwards += self.lm.forwards - before
+        return logits
+
+    def _step(self, token: int) -> torch.Tensor:
+        self.forwards += 1
+        return self.kv.extend([token], keep=1)[-1]
+
+    def draft_loop(self, logits: torch.Tensor, k: int, params: SamplingParams, generator, *, mask: torch.Tensor | None = None):
+        """Draft up to k drafter ids; returns (ids, probs rows or None)."""
+        ids: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            if mask is not None:
+                logits = logits + mask
+            if params.greedy:
+                probs = torch.softmax(logits.float(), -1) if self.min_confidence > 0 else None
+                tok = int(logits.argmax())
+                conf = float(probs[tok]) if probs is not None else 1.0
+            else:
+                probs = logits_to_probs(logits, params)
+                tok = sample(probs, generator)
+                conf = float(probs.max())
+                rows.append(probs)
+            if conf < self.min_confidence and i > 0:
+                if rows:
+                    rows.pop()
+                break
+            ids.append(tok)
+            if self.stop_after(tok) or i == k - 1:
+                break
+            logits = self._step(tok)
+        return ids, (torch.stack(rows) if rows else None)
+
+    def stop_after(self, drafter_id: int) -> bool:
+        return drafter_id in self.stop_ids
+
+
+# ==== same vocabulary ========================================================================
+
+
+class _DraftSession(ModelDraftSession):
+    def drafter_context(self, context):
+        return context
+
+    def propose(self, context, k, params, generator):
+        logits = self._feed(context, k)
+        ids, probs = self.draft_loop(logits, k, params, generator)
+        if probs is not None and probs.shape[-1] != self.target_vocab:
+            probs = _resize(probs, self.target_vocab)
+        return Proposal(ids, probs)
+
+
+def _resize(probs: torch.Tensor, width: int) -> torch.Tensor:
+    out = probs.new_zeros((probs.shape[0], width))
+    n = min(width, probs.shape[-1])
+    out[:, :n] = probs[:, :n]
+    return out
+
+
+class DraftModelDrafter(Drafter):
+    """A small model with the target's own vocabulary (e.g. Qwen2.5-Coder-0.5B for the 1.5B)."""
+
+    name = "draft"
+    uses_model = True
+
+    def __init__(self, lm: CausalLM, *, target_vocab_size: int, target_view=None, min_confidence: float = 0.0):
+        self.lm = lm
+        self.target_vocab = target_vocab_size
+        self.min_confidence = min_confidence
+        if target_view is not None:
+            _check_same_vocabulary(lm, target_view)
+
+    def session(self, prompt):
+        s = _DraftSession(self.lm, min_confidence=self.min_confidence)
+        s.target_vocab = self.target_vocab
+        return s
+
+    def describe(self):
+        return {"name": self.name, "model": self.lm.source, "min_confidence": self.min_confidence}
+
+
+def _check_same_vocabulary(lm: CausalLM, target_view) -> None:
+    a, b = lm.view.tokens, target_view.tokens
+    n = min(len(a), len(b))
+    same = sum(1 for i in range(0, n, max(1, n // 2000)) if a[i] == b[i])
+    if same < 0.99 * len(range(0, n, max(1, n // 2000))):
+        raise ConfigError(
+            f"drafter {lm.source} does not share the target's vocabulary; use the bridged or text drafter "
+            "(--mode bridged|text) for a drafter with another tokenizer."
+        )
+
+
+# ==== another vocabulary, through a token map =================================================
+
+
+class _BridgedSession(ModelDraftSession):
+    def __init__(self, drafter: BridgedDrafter, **kw):
+        super().__init__(drafter.lm, **kw)
+        self.d = drafter
+        self.mapped: list[int] = []  # drafter ids for context[:n_mapped]
+        self.n_mapped = 0
+
+    def drafter_context(self, context):
+        tm = self.d.token_map
+        if self.n_mapped > len(context):  # never happens in the engine (context only grows)
+            self.mapped, self.n_mapped = [], 0
+        for t in context[self.n_mapped :]:
+            self.mapped.extend(tm.draft_ids_for_target(t))
+        self.n_mapped = len(context)
+        return self.mapped
+
+    def propose(self, context, k, params, generator):
+        logits = self._feed(context, k)
+        ids, probs = self.draft_loop(logits, k, params, generator, mask=self.d.mask)
+        d2t = self.d.d2t
+        tokens = [int(d2t[i]) for i in ids]
+        if probs is not None:  # drafter distribution → target ids (mass of unmapped ids is 0 by the mask)
+            q = probs.new_zeros((probs.shape[0], self.d.target_vocab))
+            q.index_add_(1, self.d.d2t_targets, probs[:, self.d.d2t_sources])
+            probs = q
+        return Proposal(tokens, probs)
+
+
+class BridgedDrafter(Drafter):
+    """A drafter with another vocabulary: context reaches it through the map and its input bridge
+    (never as unk); its proposals are restricted to mapped tokens and translated to target ids."""
+
+    name = "bridged"
+    uses_model = True
+
+    def __init__(self, lm: CausalLM, token_map, *, target_vocab_size: int, min_confidence: float = 0.0):
+        self.lm = lm
+        self.token_map = token_map
+        self.target_vocab = target_vocab_size
+        self.min_confidence = min_confidence
+        d2t = np.asarray(token_map.draft_to_target, dtype=np.int64)
+        width = lm.vocab_size
+        full = np.full(width, -1, dtype=np.int64)
+        full[: min(width, len(d2t))] = d2t[:width]
+        full[full >= target_vocab_size] = -1
+        self.d2t = full
+        mapped = full >= 0
+        if not mapped.any():
+            raise ConfigError("the token map pairs no drafter token with a target token; rebuild it for these tokenizers.")
+        self.mask = torch.where(torch.from_numpy(mapped), 0.0, float("-inf")).to(lm.device)  # [V_draft]
+        src = np.nonzero(mapped)[0]
+        self.d2t_sources = torch.from_numpy(src).to(lm.device)
+        self.d2t_targets = torch.from_numpy(full[src]).to(lm.device)
+
+    def session(self, prompt):
+        return _BridgedSession(self, min_confidence=self.min_confidence)
+
+    def describe(self):
+        return {"name": self.name, "model": self.lm.source, "map_mode": self.token_map.mode,
+                "mapped_drafter_tokens": int((self.d2t >= 0).sum()), "min_confidence": self.min_confidence}  # fmt: skip

@@ -1,0 +1,208 @@
+"""Causal LMs behind one small interface: load any transformers model (folder, hub id, GGUF file),
+keep a KV cache per request, extend it, roll it back.
+
+A ``KVSession`` knows exactly which token ids its cache holds (``ids``), so rollback is a crop
+and re-synchronisation with a new context is "crop to the common prefix, feed the rest".
+
+>>> lm = load_causal_lm("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")  # doctest: +SKIP
+>>> s = lm.session()  # doctest: +SKIP
+>>> logits = s.extend([1, 2, 3], keep=1)  # [1, V], only the last position's logits  # doctest: +SKIP
+>>> s.truncate(2); s.ids  # doctest: +SKIP
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelLoadError, RequestError
+from ..tokenizer import TokenizerView, load_tokenizer
+from ..util import common_prefix_len
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float32": torch.float32, "fp32": torch.float32}  # fmt: skip
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """``auto``: bf16 where the hardware runs it fast (CUDA, or CPUs with AVX512-BF16/AMX), else fp32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if device.startswith("cuda"):
+            return torch.bfloat16
+        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(DTYPES)}") from None
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(device: str | None) -> str:
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _converted_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
+    import transformers
+
+    st = gguf.stat()
+    key = f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}|{dtype}|{transformers.__version__}"
+    root = Path(os.environ.get("VOCABBRIDGE_CACHE", Path.home() / ".cache" / "vocabbridge"))
+    return root / "converted" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _load_weights(source: str, dtype: torch.dtype, device: str, *, cache_converted: bool):
+    from transformers import AutoModelForCausalLM
+
+    path = Path(source).expanduser()
+    kwargs = {"dtype": dtype}
+    if path.is_file() and path.suffix == ".gguf":
+        cached = _converted_cache_dir(path, dtype)
+        if cache_converted and (cached / "config.json").is_file():
+            return AutoModelForCausalLM.from_pretrained(str(cached), **kwargs)
+        # GGUF weights are dequantized by transformers (slow: ~40 s for 1.5B on 2 cores), so the
+        # result is cached as safetensors next to nothing the user owns (~/.cache/vocabbridge).
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
+        if cache_converted:
+            tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+            model.save_pretrained(str(tmp))
+            os.replace(tmp, cached) if not cached.exists() else None
+        return model
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return _load_weights(str(ggufs[0]), dtype, device, cache_converted=cache_converted)
+            raise ModelLoadError(f"{path}: no config.json (and not exactly one .gguf file); pass a model folder or a .gguf file.")
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    if path.exists():
+        raise ModelLoadError(f"{source}: not a model folder or a .gguf file.")
+    return AutoModelForCausalLM.from_pretrained(source, **kwargs)  # hub id
+
+
+@dataclass
+class CausalLM:
+    """A loaded model with its tokenizer view. ``vocab_size`` is the logits' width."""
+
+    model: object
+    view: TokenizerView
+    source: str
+    device: str
+    dtype: torch.dtype
+    vocab_size: int
+    max_context: int
+    load_seconds: float = 0.0
+    forwards: int = field(default=0)  # every forward call, for stats
+
+    @property
+    def cache_kwarg(self) -> str:
+        """``cache`` in recent transformers, ``past_key_values`` before."""
+        import inspect
+
+        if not hasattr(self, "_cache_kwarg"):
+            params = inspect.signature(self.model.forward).parameters
+            self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        return self._cache_kwarg
+
+    def session(self) -> KVSession:
+        return KVSession(self)
+
+    @property
+    def name(self) -> str:
+        return Path(self.source).name or self.source
+
+
+def load_causal_lm(
+    source: str,
+    *,
+    tokenizer: str | TokenizerView | None = None,
+    dtype: str | torch.dtype | None = "auto",
+    device: str | None = "auto",
+    cache_converted: bool = True,
+    threads: int | None = None,
+) -> CausalLM:
+    """Load a causal LM and its tokenizer view from a folder, a hub id or a GGUF file."""
+    device = resolve_device(device)
+    dt = resolve_dtype(dtype, device)
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    try:
+        model = _load_weights(source, dt, device, cache_converted=cache_converted)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"{source}: transformers could not load the model: {e}") from e
+    model.to(device)
+    model.eval()
+    if isinstance(tokenizer, TokenizerView):
+        view = tokenizer
+    else:
+        view = load_tokenizer(tokenizer or source)
+    cfg = model.config
+    text_cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    max_ctx = int(getattr(text_cfg, "max_position_embeddings", 0) or 1 << 30)
+    return CausalLM(model, view, source, device, dt, vocab, max_ctx, time.perf_counter() - t0)
+
+
+class KVSession:
+    """One request's KV cache over a model; ``ids`` are the tokens the cache holds, in order."""
+
+    def __init__(self, lm: CausalLM):
+        from transformers import DynamicCache
+
+        self.lm = lm
+        self.cache = DynamicCache()
+        self.ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @torch.inference_mode()
+    def extend(self, tokens: list[int], *, keep: int = 1) -> torch.Tensor:
+        """Feed ``tokens``; return float32 logits of the last ``keep`` positions: [keep, V]."""
+        if not tokens:
+            raise ValueError("extend() needs at least one token")
+        if len(self.ids) + len(tokens) > self.lm.max_context:
+            raise RequestError(
+                f"context of {len(self.ids) + len(tokens)} tokens exceeds {self.lm.name}'s limit of "
+                f"{self.lm.max_context}; shorten the prompt or lower max_tokens."
+            )
+        x = torch.tensor([tokens], dtype=torch.long, device=self.lm.device)  # [1, S]
+        kv = {self.lm.cache_kwarg: self.cache}
+        out = self.lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **kv)
+        self.lm.forwards += 1
+        self.ids.extend(tokens)
+        return out.logits[0, -keep:].float()  # [keep, V]
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cached tokens (rollback after a rejection)."""
+        drop = len(self.ids) - n
+        if drop > 0:
+            self.cache.crop(-drop)  # negative = remove that many (works across transformers versions)
+            del self.ids[n:]
+
+    def sync(self, want: list[int], *, keep: int = 1) -> torch.Tensor:
+        """Make the cache hold exactly ``want``: crop to the common prefix, feed the rest.
+
+        Returns the logits of the last ``keep`` fed positions (at least one token is fed).
+        """
+        n = common_prefix_len(self.ids, want)
+        if n == len(want):  # nothing new: re-feed the last token to get its logits
+            n -= 1
+        self.truncate(n)
+        return self.extend(want[n:], keep=keep)
