@@ -1,0 +1,16 @@
+"""Drafter↔target token maps: build (``bytes`` or ``vllm`` rule), input bridge, map file, coverage.
+
+>>> from vocabbridge.mapping import build_token_map, save_map, load_map  # doctest: +SKIP
+>>> tm = build_token_map(drafter_view, target_view, mode="bytes")  # doctest: +SKIP
+>>> save_map(tm, "maps/a_to_b.json"); load_map("maps/a_to_b.json", drafter=drafter_view, target=target_view)  # doctest: +SKIP
+"""
+
+from .build import build_token_map
+from .core import BuildStats, MapSide, TokenMap
+from .coverage import Coverage, compute_coverage, default_texts
+from .mapfile import load_map, save_map
+
+__all__ = [
+    "BuildStats", "Coverage", "MapSide", "TokenMap", "build_token_map", "compute_coverage", "default_texts",
+    "load_map", "save_map",
+]  # fmt: skip
