@@ -7,6 +7,7 @@ import click
 from .. import __version__
 from .common import Group
 from .diff_cmd import diff_cmd
+from .map_cmd import build_map_cmd, coverage_cmd
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,3 +18,5 @@ def main(debug: bool) -> None:
 
 
 main.add_command(diff_cmd)
+main.add_command(build_map_cmd)
+main.add_command(coverage_cmd)
