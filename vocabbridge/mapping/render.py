@@ -38,7 +38,7 @@ def map_section(tm: TokenMap, path: str | None = None) -> Section:
         ["model vocabulary", fmt_int(d.model_vocab_size) if d.model_vocab_size else "unknown (tokenizer size used)",
          fmt_int(t.model_vocab_size) if t.model_vocab_size else "unknown (tokenizer size used)"],  # fmt: skip
         ["fingerprint", d.fingerprint[:16], t.fingerprint[:16]],
-        ["unk fed by vLLM", _id(tm.draft_unk_id), _id(tm.target_unk_id)],
+        ["vLLM fallback for unpaired ids (unk, else eos)", _id(tm.draft_unk_id), _id(tm.target_unk_id)],
     ]
     s = tm.stats
     how = [f"mode {tm.mode}"]
