@@ -48,11 +48,27 @@ def test_special_tokens_pair_by_role_not_by_string(base_view, extended_view, fac
     bm = build_token_map(base_view, extended_view, mode="bytes")
     assert bm.target_to_draft[facts.eot_b] == facts.eot_a
     assert bm.draft_to_target[facts.eot_a] == facts.eot_b
-    assert bm.stats.role_pairs >= 4  # end_of_turn/eos, bos, unk, pad
+    assert bm.stats.role_pairs == 2 and bm.stats.content_pairs == 3  # end_of_turn, bos; <pad> <eos> <unk>
+    assert [bm.target_to_draft[i] for i in range(4)] == [0, 1, 2, 3]
     vm = build_token_map(base_view, extended_view, mode="vllm")
     assert vm.target_to_draft[facts.eot_b] == -1 and vm.draft_to_target[facts.eot_a] == -1
     # extended id 4 is now "[unused4]": neither map pairs it with base's old end-of-turn.
     assert bm.target_to_draft[4] == -1 and vm.target_to_draft[4] == -1
+
+
+def test_same_special_string_beats_the_weak_pad_role():
+    # Target pad is <|endoftext|>; the drafter has <|endoftext|> too, but its pad is [PAD]:
+    # identical specials pair before the weak pad role (vLLM pairs them by string as well).
+    base = train_base(vocab_size=300)
+    doc = json.loads(json.dumps(base))
+    n = max(doc["model"]["vocab"].values()) + 1
+    doc["model"]["vocab"]["<|endoftext|>"] = n
+    doc["added_tokens"].append({"id": n, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})  # fmt: skip
+    drafter = view_from_doc(doc, source="d", config={"pad_token": "<pad>", "eos_token": "[|endofturn|]"})
+    target = view_from_doc(doc, source="t", config={"pad_token": "<|endoftext|>", "eos_token": "[|endofturn|]"})
+    tm = build_token_map(drafter, target)
+    assert tm.target_to_draft[n] == n and tm.target_to_draft[0] == 0
 
 
 def test_role_priority_keeps_end_of_turn_when_pad_reuses_it():

@@ -3,11 +3,13 @@
 Rules, in order:
 
 1. **Special tokens by role.** For each role both tokenizers know, most useful first
-   (:data:`ROLE_PRIORITY`: end-of-turn and the chat markers before eos, bos, unk, pad), the two ids
-   pair up unless either is already taken. So ``[|endofturn|]`` (EXAONE 4.0, 361) pairs with
-   ``<|endofturn|>`` (EXAONE 4.5, 53), and a pad that reuses eos does not steal eos's partner.
+   (:data:`ROLE_PRIORITY`: end-of-turn and the chat markers, then eos and bos), the two ids pair
+   up unless either is already taken. So ``[|endofturn|]`` (EXAONE 4.0, 361) pairs with
+   ``<|endofturn|>`` (EXAONE 4.5, 53) although the strings differ.
 2. **Other added tokens by content.** Added tokens with identical content on both sides pair up
    when neither is taken (``<|endoftext|>`` ↔ ``<|endoftext|>`` whatever its role on each side).
+   Then the weak roles, unk and pad (often aliases of another token), pair the same way as rule 1,
+   so a pad that reuses eos never steals eos's partner.
 3. **Everything else by raw bytes.** Special added tokens never pair by bytes (only by rules 1-2).
    A byte-level ``Ġ안`` and a SentencePiece ``▁안`` are the same bytes ``b" \\xec\\x95\\x88"``
    and pair up. Ids at or beyond a side's model vocabulary size take no part.
@@ -47,6 +49,7 @@ ROLE_PRIORITY = (
     "think_start", "think_end", "tool_call_start", "tool_call_end",
     "fim_prefix", "fim_middle", "fim_suffix", "fim_pad", "eos", "bos", "unk", "pad",
 )  # fmt: skip
+WEAK_ROLES = ("unk", "pad")  # paired after exact-content matches (rule 2)
 
 _PIECE = re.compile(r'"<0x([0-9A-Fa-f]{2})>"\s*:\s*(\d+)')
 
@@ -125,23 +128,20 @@ def special_pairs(drafter: TokenizerView, target: TokenizerView, *, drafter_size
     pairs: list[tuple[int, int]] = []
     used_t: set[int] = set()
     used_d: set[int] = set()
-    for role in ROLE_PRIORITY:
-        t, d = target.roles.get(role), drafter.roles.get(role)
+
+    def take(t: int | None, d: int | None) -> bool:
         if t is None or d is None or t in used_t or d in used_d or t >= target_size or d >= drafter_size:
-            continue
+            return False
         pairs.append((t, d))
         used_t.add(t)
         used_d.add(d)
-    n_roles = len(pairs)
-    by_content = {a.content: a.id for a in reversed(drafter.added) if a.id < drafter_size}
-    for a in target.added:
-        d = by_content.get(a.content)
-        if d is None or a.id in used_t or d in used_d or a.id >= target_size:
-            continue
-        pairs.append((a.id, d))
-        used_t.add(a.id)
-        used_d.add(d)
-    return pairs, n_roles, len(pairs) - n_roles
+        return True
+
+    n_roles = sum(take(target.roles.get(r), drafter.roles.get(r)) for r in ROLE_PRIORITY if r not in WEAK_ROLES)
+    by_content = {a.content: a.id for a in reversed(drafter.added)}
+    n_content = sum(take(a.id, by_content.get(a.content)) for a in target.added)
+    n_roles += sum(take(target.roles.get(r), drafter.roles.get(r)) for r in WEAK_ROLES)
+    return pairs, n_roles, n_content
 
 
 def bytes_pairs(
