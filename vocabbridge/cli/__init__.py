@@ -7,6 +7,7 @@ import click
 from .. import __version__
 from .common import Group
 from .diff_cmd import diff_cmd
+from .generate_cmd import eval_drafter_cmd, generate_cmd
 from .map_cmd import build_map_cmd, coverage_cmd
 
 
@@ -18,5 +19,7 @@ def main(debug: bool) -> None:
 
 
 main.add_command(diff_cmd)
+main.add_command(generate_cmd)
+main.add_command(eval_drafter_cmd)
 main.add_command(build_map_cmd)
 main.add_command(coverage_cmd)

@@ -81,3 +81,37 @@ def status(message: str):
 
         return contextlib.nullcontext()
     return console.status(message)
+
+
+def engine_options(fn):
+    """--target/--drafter/--mode/--map/-k... merged into one ``spec`` (an EngineSpec)."""
+
+    @click.option("--target", metavar="MODEL", help="Target: a preset (vocabbridge presets), a model folder, a .gguf file or a hub id. "
+                  "Defaults to the drafter preset's target.")  # fmt: skip
+    @click.option("--drafter", default="none", show_default=True, metavar="DRAFTER",
+                  help="none | ngram | mtp | a drafter model (preset, folder, .gguf, hub id).")  # fmt: skip
+    @click.option("--mode", type=click.Choice(["auto", "draft", "bridged", "text"]), default="auto", show_default=True,
+                  help="How a model drafter meets the target: draft (same vocabulary), bridged (token map), "
+                       "text (re-tokenized drafted text). auto: draft when the vocabularies match, else text.")  # fmt: skip
+    @click.option("--map", "map_path", type=click.Path(dir_okay=False), help="Token map for --mode bridged (built and cached when absent).")
+    @click.option("-k", "--num-speculative-tokens", default=4, show_default=True, type=click.IntRange(1, 64))
+    @click.option("--prompt-lookup-min", default=1, show_default=True, type=click.IntRange(1))
+    @click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(1))
+    @click.option("--adaptive-k/--fixed-k", default=False, show_default=True, help="Grow k after full acceptance, shrink after a miss.")
+    @click.option("--min-confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+                  help="Stop drafting when the drafter's top probability falls below this.")  # fmt: skip
+    @click.option("--dtype", default="auto", show_default=True, help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")
+    @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ...")
+    @functools.wraps(fn)
+    def wrapper(*args, target, drafter, mode, map_path, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
+                adaptive_k, min_confidence, dtype, device, **kwargs):  # fmt: skip
+        from ..engine.factory import EngineSpec
+
+        spec = EngineSpec(
+            target=target, drafter=drafter, mode=mode, map_path=map_path, num_speculative_tokens=num_speculative_tokens,
+            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, adaptive_k=adaptive_k,
+            min_confidence=min_confidence, dtype=dtype, device=device,
+        )  # fmt: skip
+        return fn(*args, spec=spec, **kwargs)
+
+    return wrapper

@@ -1,0 +1,106 @@
+"""Bridged drafting through a token map, offline evaluation, the engine factory and the CLI."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from vocabbridge.cli import main
+from vocabbridge.engine import BridgedDrafter, DraftModelDrafter, NgramDrafter, SamplingParams, SpecEngine
+from vocabbridge.engine.factory import EngineSpec, build_engine
+from vocabbridge.engine.offline import eval_drafter, greedy_continuations
+from vocabbridge.errors import ConfigError
+from vocabbridge.mapping import build_token_map
+
+PROMPT = "안녕하세요. 오늘 날씨가 정말 좋네요! Hello world, give them the results."
+
+
+@pytest.mark.parametrize("drafter_name", ["spm", "extended"])
+@pytest.mark.parametrize("map_mode", ["bytes", "vllm"])
+def test_bridged_drafter_is_lossless(tiny, drafter_name, map_mode):
+    t, d = tiny["target"], tiny[drafter_name]
+    tm = build_token_map(d.view, t.view, mode=map_mode, drafter_vocab_size=d.vocab_size, target_vocab_size=t.vocab_size)
+    drafter = BridgedDrafter(d, tm, target_vocab_size=t.vocab_size)
+    prompt = t.view.encode(PROMPT)
+    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    want = SpecEngine(t).generate(prompt, params).tokens
+    r = SpecEngine(t, drafter, num_speculative_tokens=3).generate(prompt, params)
+    assert r.tokens == want
+    assert r.stats.draft_tokens > 0
+
+
+def test_bridged_drafter_never_feeds_unk(tiny):
+    t, d = tiny["target"], tiny["spm"]
+    tm = build_token_map(d.view, t.view, mode="bytes", drafter_vocab_size=d.vocab_size, target_vocab_size=t.vocab_size)
+    drafter = BridgedDrafter(d, tm, target_vocab_size=t.vocab_size)
+    s = drafter.session([])
+    ctx = t.view.encode(PROMPT)
+    fed = s.drafter_context(ctx)
+    assert d.view.roles["unk"] not in fed
+    assert d.view.decode_bytes(fed) == t.view.decode_bytes(ctx)  # the bridge keeps every byte
+
+
+def test_offline_eval_of_the_target_itself_is_perfect(tiny):
+    t = tiny["target"]
+    seqs = greedy_continuations(t, [t.view.encode(PROMPT)], 20)
+    ev = eval_drafter(t, DraftModelDrafter(t, target_vocab_size=t.vocab_size), seqs, k=3)
+    assert ev.acceptance_per_position == [1.0, 1.0, 1.0]
+    assert ev.positions == 20 - 3 + 2 and ev.mean_target_prob > 0.2  # chains of 3 that fit in the 20 tokens
+    assert ev.expected_acceptance_length == 4.0
+
+
+def test_offline_eval_counts_chains_not_single_hits(tiny):
+    t = tiny["target"]
+    seqs = greedy_continuations(t, [t.view.encode(PROMPT)], 40)
+    ev = eval_drafter(t, NgramDrafter(), seqs, k=4)
+    acc = ev.acceptance_per_position
+    assert all(a >= b for a, b in zip(acc, acc[1:]))  # position j needs positions < j
+
+
+def test_factory_picks_the_mode_from_the_vocabularies(tiny):
+    loaded = {tiny["target"].source: tiny["target"], tiny["draft"].source: tiny["draft"], tiny["spm"].source: tiny["spm"]}
+    same = build_engine(EngineSpec(target=tiny["target"].source, drafter=tiny["draft"].source), loaded=loaded)
+    other = build_engine(EngineSpec(target=tiny["target"].source, drafter=tiny["spm"].source), loaded=loaded)
+    assert (same.mode, other.mode) == ("draft", "text")
+    with pytest.raises(ConfigError, match="another vocabulary"):
+        build_engine(EngineSpec(target=tiny["target"].source, drafter=tiny["spm"].source, mode="draft"), loaded=loaded)
+    with pytest.raises(ConfigError, match="no MTP drafter"):
+        build_engine(EngineSpec(target=tiny["target"].source, drafter="mtp"), loaded=loaded)
+
+
+def test_factory_bridged_builds_and_caches_a_map(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("VOCABBRIDGE_CACHE", str(tmp_path))
+    loaded = {tiny["target"].source: tiny["target"], tiny["spm"].source: tiny["spm"]}
+    built = build_engine(EngineSpec(target=tiny["target"].source, drafter=tiny["spm"].source, mode="bridged"), loaded=loaded)
+    assert built.mode == "bridged" and len(list((tmp_path / "maps").glob("*.json"))) == 1
+
+
+def test_generate_cli_compares_with_plain(tiny):
+    r = CliRunner().invoke(main, [
+        "generate", "--target", tiny["target"].source, "--drafter", tiny["spm"].source, "--mode", "text",
+        "--raw", "-p", PROMPT, "--max-tokens", "24", "--compare-plain", "--json",
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert j["plain"]["identical"] is True and j["stats"]["generated"] <= 24
+    assert j["config"]["mode"] == "text" and 0 <= j["stats"]["acceptance_rate"] <= 1
+
+
+def test_generate_cli_table_and_chat_template(tiny):
+    r = CliRunner().invoke(main, ["generate", "--target", tiny["target"].source, "--drafter", "ngram", "-p", "hi", "--max-tokens", "8"])
+    assert r.exit_code == 0, r.output
+    assert "acceptance rate" in r.output and "Speculative decoding (ngram)" in r.output
+
+
+def test_generate_cli_needs_a_prompt(tiny):
+    r = CliRunner().invoke(main, ["generate", "--target", tiny["target"].source])
+    assert r.exit_code == 1 and "exactly one of --prompt and --prompt-file" in r.output
+
+
+def test_eval_drafter_cli(tiny, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text(PROMPT * 3, encoding="utf-8")
+    r = CliRunner().invoke(main, ["eval-drafter", "--target", tiny["target"].source, "--drafter", "ngram", "--text", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert len(j["eval"]["acceptance_per_position"]) == 4 and j["eval"]["positions"] > 10
