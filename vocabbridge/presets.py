@@ -28,23 +28,25 @@ class Preset:
     pairs_with: str | None = None  # for drafters: the target preset it is meant for
     has_mtp: bool = False  # the checkpoint carries a multi-token-prediction head
     notes: str = ""
+    vocab: str | None = None  # tokenizer family: presets with the same value share one vocabulary
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
-        Preset("exaone-4.5-33b", "LGAI-EXAONE/EXAONE-4.5-33B", "target", has_mtp=True,
+        Preset("exaone-4.5-33b", "LGAI-EXAONE/EXAONE-4.5-33B", "target", has_mtp=True, vocab="exaone-4.5",
                notes="153,600-token byte-level BPE; one MTP layer; end-of-turn <|endofturn|> = 53"),
-        Preset("exaone-4.5-33b-fp8", "LGAI-EXAONE/EXAONE-4.5-33B-FP8", "target", has_mtp=True, notes="FP8 weights"),
-        Preset("exaone-1.2b", "LGAI-EXAONE/EXAONE-4.0-1.2B", "drafter", pairs_with="exaone-4.5-33b",
+        Preset("exaone-4.5-33b-fp8", "LGAI-EXAONE/EXAONE-4.5-33B-FP8", "target", has_mtp=True, notes="FP8 weights",
+               vocab="exaone-4.5"),
+        Preset("exaone-1.2b", "LGAI-EXAONE/EXAONE-4.0-1.2B", "drafter", pairs_with="exaone-4.5-33b", vocab="exaone-4.0",
                notes="102,400-token vocabulary: needs the bridged or text drafter for 4.5"),
         Preset("qwen2.5-coder-1.5b", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "target",
-               gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", notes="runs on CPU here"),
+               gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", vocab="qwen2.5", notes="runs on CPU here"),
         Preset("qwen2.5-coder-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "drafter",
                gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", pairs_with="qwen2.5-coder-1.5b",
-               notes="same vocabulary as the 1.5B target"),
+               vocab="qwen2.5", notes="same vocabulary as the 1.5B target"),
         Preset("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "drafter",
-               gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pairs_with="qwen2.5-coder-1.5b",
+               gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pairs_with="qwen2.5-coder-1.5b", vocab="smollm2",
                notes="49,152-token vocabulary: bridged or text drafter for Qwen"),
     ]
 }  # fmt: skip

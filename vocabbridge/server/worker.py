@@ -1,0 +1,230 @@
+"""One engine thread serving many requests: it owns the models and round-robins engine steps.
+
+Every request is a ``SpecEngine.stream()`` generator. Each turn the worker admits waiting
+requests (FIFO) up to ``max_num_seqs`` active ones, then advances every active request by exactly
+one engine step (prefill, or draft + one verifying target forward), turns the tokens into text and
+hands them to the request's ``asyncio.Queue`` on the HTTP event loop. No two forwards ever run at
+once, every KV cache belongs to one request, and a cancelled request (its client went away) has its
+generator closed on the next turn, which frees its cache and its slot.
+
+Cost: steps of different requests run one after another, not batched, so N concurrent requests
+share the throughput of one; each waits for the others' steps (latency grows about N-fold) while
+the aggregate tokens/s stays close to sequential decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..engine.engine import SpecEngine
+from ..engine.sampling import SamplingParams
+from ..engine.stats import SpecStats
+from ..errors import VocabBridgeError
+from .metrics import ServerMetrics
+from .text import OutputText
+
+log = logging.getLogger("vocabbridge.server")
+
+
+@dataclass
+class Event:
+    """What one engine step produced for a request, as the HTTP handler consumes it."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # stop | length | abort | error
+    stop_reason: str | int | None = None
+    error: tuple[int, str] | None = None  # (HTTP status, message)
+    completion_tokens: int = 0
+
+
+_ids = itertools.count()
+
+
+class GenRequest:
+    """One request in the worker: prompt, sampling, text state, timings, and its reply queue."""
+
+    def __init__(self, prompt: list[int], params: SamplingParams, text: OutputText, loop: asyncio.AbstractEventLoop):
+        self.id = next(_ids)
+        self.prompt = prompt
+        self.params = params
+        self.text = text
+        self.loop = loop
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.stats = SpecStats()
+        self.gen = None
+        self.cancelled = False
+        self.done = False
+        self.t_arrival = time.perf_counter()
+        self.t_start = self.t_first = self.t_last = 0.0
+        self._seen = (0, 0, 0, [])  # drafts, draft tokens, accepted, per position: what metrics have counted
+
+    def deliver(self, ev: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+        except RuntimeError:  # the event loop is gone (server stopping); nobody is listening
+            pass
+
+
+class EngineWorker:
+    def __init__(self, engine: SpecEngine, metrics: ServerMetrics, *, max_num_seqs: int = 8):
+        if max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        self.engine = engine
+        self.metrics = metrics
+        self.max_num_seqs = max_num_seqs
+        self._cv = threading.Condition()
+        self._waiting: deque[GenRequest] = deque()
+        self._active: list[GenRequest] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ==== called from the HTTP side ========================================================
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="vocabbridge-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, req: GenRequest) -> None:
+        with self._cv:
+            if self._stopping:
+                raise VocabBridgeError("the server is shutting down; retry on another server.")
+            self._waiting.append(req)
+            self.metrics.waiting.set(len(self._waiting))
+            self._cv.notify()
+
+    def cancel(self, req: GenRequest) -> None:
+        """The client is gone: drop the request (a waiting one at once, an active one next turn)."""
+        with self._cv:
+            req.cancelled = True
+            if req in self._waiting:
+                self._waiting.remove(req)
+                req.done = True
+                with self.metrics.lock:
+                    self.metrics.success["abort"].inc()
+                    self.metrics.waiting.set(len(self._waiting))
+            self._cv.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ==== the engine thread ===============================================================
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._waiting and not self._active:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                while self._waiting and len(self._active) < self.max_num_seqs:
+                    self._active.append(self._waiting.popleft())
+                batch = list(self._active)
+                self.metrics.waiting.set(len(self._waiting))
+                self.metrics.running.set(len(self._active))
+            for req in batch:
+                self._turn(req)
+            with self._cv:
+                self._active = [r for r in self._active if not r.done]
+                self.metrics.running.set(len(self._active))
+        self._shutdown()
+
+    def _turn(self, req: GenRequest) -> None:
+        """Advance one request by one engine step."""
+        if req.cancelled:
+            self._finish(req, "abort")
+            return
+        now = time.perf_counter()
+        if req.gen is None:
+            req.t_start = now
+            req.gen = self.engine.stream(req.prompt, req.params, req.stats)
+        try:
+            step = next(req.gen)
+        except StopIteration:
+            self._finish(req, "length")
+            return
+        except VocabBridgeError as e:
+            self._finish(req, "error", error=(400, str(e)))
+            return
+        except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
+            log.exception("request %s failed", req.id)
+            self._finish(req, "error", error=(500, f"internal error in the engine: {type(e).__name__}: {e}"))
+            return
+        now = time.perf_counter()
+        before = len(req.text.tokens)
+        ended = any(req.text.add(t) for t in step.tokens)  # stops at the first stop string / stop token
+        new = req.text.tokens[before:]
+        self._observe_step(req, new, now)
+        if ended or step.finished:
+            reason = "stop" if ended or step.finish_reason == "stop" else (step.finish_reason or "length")
+            self._finish(req, reason, last=Event(req.text.take(final=True), new))
+            return
+        req.deliver(Event(req.text.take(), new))
+
+    def _observe_step(self, req: GenRequest, new: list[int], now: float) -> None:
+        s, m = req.stats, self.metrics
+        d0, t0, a0, p0 = req._seen
+        per_pos = [n - (p0[i] if i < len(p0) else 0) for i, n in enumerate(s.accepted_per_pos)]
+        with m.lock:
+            if req.t_first == 0.0:
+                req.t_first = now
+                m.prompt_tokens.inc(len(req.prompt))
+                m.ttft.observe(now - req.t_arrival)
+            else:
+                m.itl.observe(now - req.t_last)
+                m.tpot_legacy.observe(now - req.t_last)
+            m.generation_tokens.inc(len(new))
+            m.spec_step(s.drafts - d0, s.draft_tokens - t0, s.accepted - a0, per_pos)
+        req.t_last = now
+        req._seen = (s.drafts, s.draft_tokens, s.accepted, list(s.accepted_per_pos))
+
+    def _finish(self, req: GenRequest, reason: str, *, last: Event | None = None, error: tuple[int, str] | None = None) -> None:
+        if req.gen is not None:
+            req.gen.close()  # frees the request's KV caches (the engine's finally runs now)
+        req.done = True
+        now = time.perf_counter()
+        n = len(req.text.tokens)
+        m = self.metrics
+        with m.lock:
+            m.success[reason].inc()
+            if reason in ("stop", "length"):
+                m.req_prompt.observe(len(req.prompt))
+                m.req_gen.observe(n)
+                m.req_max_tokens.observe(req.params.max_new_tokens)
+                start = req.t_start or now
+                first = req.t_first or now
+                m.phase["e2e"].observe(now - req.t_arrival)
+                m.phase["queue"].observe(start - req.t_arrival)
+                m.phase["inference"].observe(now - start)
+                m.phase["prefill"].observe(first - start)
+                m.phase["decode"].observe(now - first)
+                if n > 1:
+                    m.req_tpot.observe((now - first) / (n - 1))
+        ev = last or Event(req.text.take(final=True) if error is None else "")
+        ev.finish_reason, ev.error, ev.completion_tokens = reason, error, n
+        ev.stop_reason = req.text.stop_reason if reason == "stop" else None
+        req.deliver(ev)
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            pending = list(self._active) + list(self._waiting)
+            self._active, self._waiting = [], deque()
+        for req in pending:
+            if not req.done:
+                self._finish(req, "abort", error=(503, "the server is shutting down; retry the request."))
+        self.metrics.running.set(0)
+        self.metrics.waiting.set(0)
