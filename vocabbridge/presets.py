@@ -80,3 +80,14 @@ def default_target_for(drafter: str) -> str:
         f"--drafter {drafter} names no target; pass --target (a preset, a model folder, a .gguf file or a hub id). "
         f"Drafter presets that imply their target: {', '.join(n for n, q in PRESETS.items() if q.pairs_with)}."
     )
+
+
+def describe_presets() -> list[dict]:
+    """Every preset with what it resolves to here: a local GGUF file (``VOCABBRIDGE_MODELS``) or its hub id."""
+    out = []
+    for p in PRESETS.values():
+        where = resolve_model(p.name)
+        out.append({"name": p.name, "role": p.role, "hub_id": p.hub_id, "pairs_with": p.pairs_with, "vocab": p.vocab,
+                    "has_mtp": p.has_mtp, "gguf_file": p.gguf_file, "resolves_to": where, "local": where != p.hub_id,
+                    "notes": p.notes})  # fmt: skip
+    return out

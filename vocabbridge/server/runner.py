@@ -50,17 +50,21 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_in_thread(built, host: str = "127.0.0.1", port: int = 0, *, served_model_name: str | None = None,
-                    api_key: str | None = None, max_num_seqs: int = 8, log_level: str = "warning",
-                    access_log: bool = False, startup_timeout: float = 60.0) -> ServerHandle:  # fmt: skip
-    """Start uvicorn serving ``built`` in a daemon thread; return once it accepts connections."""
+def serve_in_thread(built, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None,
+                    served_model_name: str | None = None, api_key: str | None = None, max_num_seqs: int = 8,
+                    log_level: str = "warning", access_log: bool = False, startup_timeout: float = 60.0) -> ServerHandle:  # fmt: skip
+    """Start uvicorn serving ``built`` in a daemon thread; return once it accepts connections.
+
+    ``sock``: an already bound socket (see :func:`bind`) instead of ``host``/``port``.
+    """
     import uvicorn
 
     from .app import create_app
 
     app = create_app(built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs)
-    sock = bind(host, port)
-    port = sock.getsockname()[1]
+    if sock is None:
+        sock = bind(host, port)
+    port = sock.getsockname()[1]  # the URL keeps the host as given ("localhost" stays "localhost")
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="vocabbridge-http", daemon=True)

@@ -1,0 +1,158 @@
+"""``vocabbridge serve`` and ``vocabbridge presets``: the exact vLLM command per drafter kind
+(--dry-run), the message without vLLM, and the embedded server run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from vocabbridge.cli import main
+from vocabbridge.server.vllm_backend import vllm_command, vllm_installed
+
+QWEN = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+
+
+@pytest.fixture(autouse=True)
+def _no_local_models(monkeypatch):
+    monkeypatch.delenv("VOCABBRIDGE_MODELS", raising=False)  # presets resolve to hub ids
+    monkeypatch.delenv("VOCABBRIDGE_API_KEY", raising=False)
+
+
+def dry_run(*args: str) -> tuple[list[str], str]:
+    r = CliRunner().invoke(main, ["serve", "--backend", "vllm", "--dry-run", *args])
+    assert r.exit_code == 0, r.output
+    return shlex.split(r.stdout.strip()), r.stderr
+
+
+def spec_config(argv: list[str]) -> dict | None:
+    return json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
+
+
+def test_vllm_argv_for_ngram():
+    argv, _ = dry_run("--target", "qwen2.5-coder-1.5b", "--drafter", "ngram", "-k", "5", "--prompt-lookup-min", "2",
+                      "--prompt-lookup-max", "6")  # fmt: skip
+    assert argv == ["vllm", "serve", QWEN, "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "qwen2.5-coder-1.5b",
+                    "--speculative-config",
+                    '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_min":2,"prompt_lookup_max":6}']  # fmt: skip
+
+
+def test_vllm_argv_without_a_drafter():
+    argv, _ = dry_run("--target", "qwen2.5-coder-1.5b", "--port", "9001", "--host", "0.0.0.0")
+    assert argv == ["vllm", "serve", QWEN, "--host", "0.0.0.0", "--port", "9001", "--served-model-name", "qwen2.5-coder-1.5b"]
+
+
+def test_vllm_argv_for_mtp_and_every_passthrough():
+    argv, _ = dry_run("--drafter", "mtp", "--target", "exaone-4.5-33b", "-k", "3", "--tensor-parallel-size", "4",
+                      "--max-num-seqs", "64", "--served-model-name", "exaone", "--", "--max-model-len", "32768",
+                      "--gpu-memory-utilization", "0.9")  # fmt: skip
+    assert argv == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B", "--host", "127.0.0.1", "--port", "8000",
+                    "--served-model-name", "exaone", "--tensor-parallel-size", "4", "--max-num-seqs", "64",
+                    "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
+                    "--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]  # fmt: skip
+
+
+def test_vllm_draft_model_with_another_vocabulary_is_heterogeneous_and_greedy():
+    argv, notes = dry_run("--drafter", "exaone-1.2b", "-k", "3")  # the preset picks its target
+    assert argv[:3] == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B"]
+    assert spec_config(argv) == {"method": "draft_model", "model": "LGAI-EXAONE/EXAONE-4.0-1.2B", "num_speculative_tokens": 3,
+                                 "use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}  # fmt: skip
+    assert "different vocabulary" in notes
+
+
+def test_vllm_draft_model_with_the_same_vocabulary_is_plain():
+    argv, notes = dry_run("--drafter", "qwen2.5-coder-0.5b")
+    assert spec_config(argv) == {"method": "draft_model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "num_speculative_tokens": 4}
+    assert "same vocabulary" in notes
+
+
+def test_vllm_vocabularies_of_local_models_are_compared_token_by_token(tiny):
+    t, spm, draft = tiny["target"].source, tiny["spm"].source, tiny["draft"].source
+    same = vllm_command(_spec(target=t, drafter=draft)).speculative_config
+    other = vllm_command(_spec(target=t, drafter=spm, mode="bridged"))
+    assert same == {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
+    assert other.speculative_config["use_heterogeneous_vocab"] is True
+    assert any("token by token" in n for n in other.notes) and any("--mode/--map" in n for n in other.notes)
+    assert other.argv[2] == t and other.model_name == "target"  # a path is served under its file name
+
+
+def test_vllm_api_key_goes_through_the_environment():
+    cmd = vllm_command(_spec(target="qwen2.5-coder-1.5b"), api_key="s3cret")
+    assert "s3cret" not in cmd.argv and cmd.env == {"VLLM_API_KEY": "s3cret"}
+    assert cmd.shell().startswith("VLLM_API_KEY=$VOCABBRIDGE_API_KEY vllm serve ")
+
+
+def test_mtp_needs_a_target_with_an_mtp_head():
+    r = CliRunner().invoke(main, ["serve", "--backend", "vllm", "--dry-run", "--target", "qwen2.5-coder-1.5b", "--drafter", "mtp"])
+    assert r.exit_code == 1 and "has no MTP head" in r.output
+
+
+@pytest.mark.skipif(vllm_installed(), reason="vLLM is installed here")
+def test_without_vllm_a_clear_message_says_how_to_install_it():
+    r = CliRunner().invoke(main, ["serve", "--backend", "vllm", "--target", "qwen2.5-coder-1.5b", "--drafter", "ngram"])
+    assert r.exit_code == 1
+    assert "pip install 'vocabbridge[vllm]'" in r.output and "CUDA GPU" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(vllm_installed(), reason="vLLM is installed here")
+def test_auto_picks_the_embedded_engine_here_and_says_why(tiny):
+    r = CliRunner().invoke(main, ["serve", "--target", tiny["target"].source, "--drafter", "ngram", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "backend embedded (vLLM is not installed" in r.stderr and "http://127.0.0.1:8000" in r.stdout
+
+
+def test_embedded_refuses_vllm_only_options(tiny):
+    base = ["serve", "--backend", "embedded", "--target", tiny["target"].source]
+    r = CliRunner().invoke(main, [*base, "--tensor-parallel-size", "2"])
+    assert r.exit_code == 1 and "--backend vllm" in r.output
+    r = CliRunner().invoke(main, [*base, "--", "--max-model-len", "10"])
+    assert r.exit_code == 1 and "arguments after -- are for vLLM" in r.output
+
+
+def test_presets_list_what_each_resolves_to(tmp_path, monkeypatch):
+    r = CliRunner().invoke(main, ["presets", "--json"])
+    rows = {p["name"]: p for p in json.loads(r.stdout)}
+    assert {"exaone-1.2b", "exaone-4.5-33b", "exaone-4.5-33b-fp8", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"} <= set(rows)
+    assert rows["exaone-1.2b"]["pairs_with"] == "exaone-4.5-33b" and rows["qwen2.5-coder-1.5b"]["resolves_to"] == QWEN
+    (tmp_path / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf").write_bytes(b"GGUF")
+    monkeypatch.setenv("VOCABBRIDGE_MODELS", str(tmp_path))
+    rows = {p["name"]: p for p in json.loads(CliRunner().invoke(main, ["presets", "--json"]).stdout)}
+    assert rows["qwen2.5-coder-1.5b"]["local"] and rows["qwen2.5-coder-1.5b"]["resolves_to"].startswith(str(tmp_path))
+    r = CliRunner().invoke(main, ["presets"])
+    assert r.exit_code == 0 and "exaone-1.2b" in r.stdout and "(local)" in r.stdout
+
+
+def test_serve_runs_until_sigint_like_a_user_runs_it(tiny):
+    """The contract the benchmark relies on: a line with the URL once ready, /health 200, exit 0 on SIGINT."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "vocabbridge", "serve", "--target", tiny["target"].source, "--drafter", "ngram", "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert "ready on http://127.0.0.1:" in line, line + proc.stderr.read()
+        url = line.split("ready on ")[1].split()[0]
+        assert httpx.get(url + "/health").status_code == 200
+        r = httpx.post(url + "/v1/completions", json={"model": "target", "prompt": "hi", "max_tokens": 5}, timeout=30)
+        assert r.json()["usage"]["completion_tokens"] == 5
+        assert "drafter ngram" in line and "model target" in line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert "loading target" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            time.sleep(0.1)
+
+
+def _spec(**kw):
+    from vocabbridge.engine.factory import EngineSpec
+
+    return EngineSpec(**kw)

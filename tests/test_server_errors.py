@@ -1,0 +1,117 @@
+"""Bad requests get OpenAI-style 4xx errors and the server keeps serving; API keys; clients that
+go away mid-request free their slot."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from vocabbridge.server import serve_in_thread
+
+from .server_helpers import built, client, metrics, server, wait_idle  # noqa: F401
+
+LONG = "안녕하세요 " * 400  # far more tokens than the tiny model's 512-token context
+
+
+@pytest.mark.parametrize(
+    "path, body, status, param, code",
+    [
+        ("/v1/completions", b'{"prompt": "hi", ', 400, None, "json_invalid"),
+        ("/v1/completions", b"[1, 2]", 400, None, "invalid_type"),
+        ("/v1/completions", {"max_tokens": 4}, 400, "prompt", "missing_required_parameter"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "4"}, 400, "max_tokens", "invalid_type"),
+        ("/v1/completions", {"prompt": 12}, 400, "prompt", "invalid_type"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", None),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": -3}, 400, "max_tokens", None),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, 400, "max_tokens", "context_length_exceeded"),
+        ("/v1/completions", {"prompt": LONG, "max_tokens": 4}, 400, "prompt", "context_length_exceeded"),
+        ("/v1/completions", {"prompt": "", "max_tokens": 4}, 400, "prompt", None),
+        ("/v1/completions", {"prompt": [10**6], "max_tokens": 4}, 400, "prompt", None),
+        ("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 4}, 400, "prompt", None),
+        ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model", "model_not_found"),
+        ("/v1/completions", {"prompt": "hi", "temperature": -0.5}, 400, "temperature", None),
+        ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p", None),
+        ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p", None),
+        ("/v1/completions", {"prompt": "hi", "top_k": -7}, 400, "top_k", None),
+        ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n", None),
+        ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop", None),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+        ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo", "unsupported_parameter"),
+        ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", "invalid_type"),
+        ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages", "missing_required_parameter"),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages", "invalid_type"),
+        ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "invalid_type"),
+        ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages.0.role", "missing_required_parameter"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "messages.0.content", "invalid_type"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+         "messages.0.content", None),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, 400, "prompt", "context_length_exceeded"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, 400,
+         "max_tokens", None),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "x"}, 404, "model", "model_not_found"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n", None),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400,
+         "tools", "unsupported_parameter"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": []}, 400,
+         "chat_template_kwargs", "invalid_type"),
+    ],
+)  # fmt: skip
+def test_bad_requests_get_openai_errors(client, path, body, status, param, code):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert (err["param"], err["code"]) == (param, code)
+    assert err["type"] == "invalid_request_error"
+
+
+def test_the_server_keeps_serving_after_bad_requests(client):
+    for _ in range(3):
+        client.post("/v1/completions", content=b"{nope")
+    assert client.get("/health").status_code == 200
+    assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}).json()["usage"]["completion_tokens"] == 3
+
+
+def test_unknown_routes_and_methods_answer_json(client):
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "404"
+    assert client.get("/v1/completions").status_code == 405
+
+
+def test_api_key_is_checked_on_v1_routes_only(built):
+    with serve_in_thread(built, api_key="s3cret") as srv, httpx.Client(base_url=srv.url) as c:
+        body = {"prompt": "hi", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = c.post("/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert c.get("/v1/models").status_code == 401
+        ok = c.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+def test_a_client_leaving_mid_stream_frees_its_slot(tiny):
+    from .server_helpers import tiny_built
+
+    with serve_in_thread(tiny_built(tiny), max_num_seqs=1) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        long = {"prompt": "The quick brown fox", "max_tokens": 480, "ignore_eos": True, "temperature": 0}
+        with c.stream("POST", "/v1/completions", json=long | {"stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(4):  # a few chunks arrive, then the client goes away
+                next(lines)
+        # A non-streaming client that times out goes away too.
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/completions", json=long, timeout=0.3)
+        m = wait_idle(c)
+        # The only slot is free again: a new request is served at once.
+        t0 = time.perf_counter()
+        assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4}).json()["usage"]["completion_tokens"] == 4
+        assert time.perf_counter() - t0 < 5
+        after = metrics(c)
+    assert m["vllm:request_success_total{finished_reason=abort}"] == 2
+    assert m["vllm:generation_tokens_total"] < 2 * 480  # both stopped early
+    assert after["vllm:request_success_total{finished_reason=length}"] == 1

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import click
+
+from .common import engine_options, status
+
+
+def _say(message: str) -> None:
+    click.echo(f"vocabbridge serve: {message}", err=True)
+
+
+@click.command("serve", context_settings={"show_default": True})
+@engine_options
+@click.option("--backend", type=click.Choice(["auto", "embedded", "vllm"]), default="auto",
+              help="auto: vLLM when it is installed and a CUDA GPU is present, else the embedded engine.")  # fmt: skip
+@click.option("--host", default="127.0.0.1", help="Address to bind (loopback by default).")
+@click.option("--port", default=8000, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--api-key", envvar="VOCABBRIDGE_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (health and metrics stay open).")  # fmt: skip
+@click.option("--max-num-seqs", type=click.IntRange(1), default=None,
+              help="Requests generating at once; the rest wait in FIFO order. [embedded default: 8; vLLM: its own]")  # fmt: skip
+@click.option("--served-model-name", help="The model name clients send. [default: the target as given]")
+@click.option("--tensor-parallel-size", type=click.IntRange(1), default=None, help="GPUs to split the target over (vLLM only).")
+@click.option("--dry-run", is_flag=True, help="Print what would run (the exact vllm command) and exit.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM_ARGS...]")
+def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_name, tensor_parallel_size, dry_run, vllm_args):
+    """Serve the target with a drafter over an OpenAI-compatible HTTP API with vLLM's /metrics.
+
+    Embedded: our engine (CPU or one GPU), one engine thread round-robining requests.
+    vLLM: runs `vllm serve TARGET --speculative-config ...` (arguments after -- go to vLLM as they are).
+
+    \b
+    Examples:
+      VOCABBRIDGE_MODELS=~/models vocabbridge serve --target qwen2.5-coder-1.5b --drafter ngram
+      vocabbridge serve --drafter exaone-1.2b --backend vllm --tensor-parallel-size 2 -- --max-model-len 32768
+      vocabbridge serve --drafter smollm2-135m --mode bridged --api-key secret --port 8080
+    """
+    from ..errors import ConfigError
+    from ..server.vllm_backend import INSTALL_HINT, choose_backend, vllm_command, vllm_installed
+
+    chosen, why = choose_backend(backend)
+    if chosen == "vllm":
+        cmd = vllm_command(spec, host=host, port=port, served_model_name=served_model_name, api_key=api_key,
+                           max_num_seqs=max_num_seqs, tensor_parallel_size=tensor_parallel_size, extra_args=vllm_args)  # fmt: skip
+        for note in cmd.notes:
+            _say(note)
+        if dry_run:
+            click.echo(cmd.shell())
+            return
+        if not vllm_installed():
+            raise ConfigError(INSTALL_HINT)
+        _say(f"backend vllm ({why}): {cmd.shell()}")
+        sys.exit(_run_vllm(cmd, host, port))
+    if vllm_args:
+        raise ConfigError(f"arguments after -- are for vLLM ({' '.join(vllm_args)}); the embedded backend takes none.")
+    if tensor_parallel_size not in (None, 1):
+        raise ConfigError("--tensor-parallel-size needs --backend vllm (the embedded engine runs on one device).")
+    _serve_embedded(spec, why, host, port, api_key, max_num_seqs or 8, served_model_name, dry_run)
+
+
+def _run_vllm(cmd, host, port) -> int:
+    from ..server.vllm_backend import run_vllm
+
+    url = f"http://{host}:{port}"
+
+    def ready():
+        click.echo(f"vocabbridge serve: ready on {url} — model {cmd.model_name}, vLLM backend; Ctrl-C stops")
+
+    return run_vllm(cmd, host=host, port=port, on_ready=ready)
+
+
+def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_name, dry_run) -> None:
+    from ..engine.factory import build_engine
+    from ..presets import resolve_model
+    from ..server.runner import bind, serve_in_thread
+
+    target = resolve_model(spec.target_name)
+    drafter = spec.drafter if spec.drafter in ("none", "ngram", "mtp") else f"{spec.drafter} ({resolve_model(spec.drafter)})"
+    _say(f"backend embedded ({why})")
+    if dry_run:
+        click.echo(f"embedded: target {spec.target_name} ({target}), drafter {drafter}, k={spec.num_speculative_tokens}, "
+                   f"on http://{host}:{port}, up to {max_num_seqs} concurrent requests")  # fmt: skip
+        return
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        _say(f"warning: listening on {host} without --api-key; anyone who can reach it can use it")
+    sock = bind(host, port)  # fail now, not after loading the models
+    _say(f"loading target {spec.target_name} ({target}) and drafter {drafter}…")
+    t0 = time.perf_counter()
+    try:
+        with status("loading models…"):
+            built = build_engine(spec)
+    except BaseException:
+        sock.close()
+        raise
+    _say(f"loaded in {time.perf_counter() - t0:.1f} s: drafter mode {built.mode}" + "".join(f"; {n}" for n in built.notes))
+    handle = serve_in_thread(built, host, sock=sock, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    k = f", k={built.engine.k}" if built.mode != "none" else ""
+    click.echo(f"vocabbridge serve: ready on {handle.url} — model {handle.model_name}, drafter {built.mode}{k}, "
+               f"embedded engine, up to {max_num_seqs} concurrent requests; Ctrl-C stops")  # fmt: skip
+    sys.stdout.flush()
+    try:
+        while not stop.wait(0.5):
+            if not handle.thread.is_alive():
+                raise click.ClickException("the HTTP server stopped unexpectedly; run with --debug for the log.")
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _say("stopping…")
+        handle.stop()
+    _say("stopped")
+
+
+@click.command("presets")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def presets_cmd(as_json):
+    """List the model presets and what each resolves to here.
+
+    A preset resolves to its local GGUF file when VOCABBRIDGE_MODELS points at a folder holding it,
+    else to its hub id. A drafter preset names the target it pairs with.
+    """
+    from ..presets import describe_presets, models_dir
+    from ..report import Section, print_sections, to_json
+
+    rows = describe_presets()
+    if as_json:
+        click.echo(to_json(rows))
+        return
+    from pathlib import Path
+
+    table = [[r["name"], r["role"], r["pairs_with"] or "", r["vocab"] or "", "yes" if r["has_mtp"] else "",
+              f"(local) {Path(r['resolves_to']).name}" if r["local"] else r["resolves_to"]] for r in rows]  # fmt: skip
+    folder = models_dir()
+    notes = [f"(local): a GGUF file in VOCABBRIDGE_MODELS={folder}" if folder else
+             "VOCABBRIDGE_MODELS is not set: presets resolve to hub ids (set it to a folder of GGUF files to use them)"]
+    notes += [f"{r['name']}: {r['notes']}" for r in rows if r["notes"]]
+    print_sections([Section("Presets", ["name", "role", "pairs with", "vocabulary", "MTP", "resolves to"], table, notes)])
