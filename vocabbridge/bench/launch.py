@@ -1,0 +1,256 @@
+"""Start each configuration in turn, benchmark it, stop it.
+
+Two ways to start one:
+
+- **in-process** (the default for the embedded backend): :func:`vocabbridge.server.serve_in_thread`
+  on a loopback port, models kept loaded across configurations, so the target loads once (on a CPU
+  that is most of a minute per configuration saved for a 1.5B model);
+- **subprocess**: ``vocabbridge serve ... --host 127.0.0.1 --port P`` on a free port, ``/health``
+  polled until it answers 200, stopped with SIGINT (then killed). This is the way for vLLM.
+
+>>> [(d.name, d.drafter, d.mode) for d in parse_drafters("none, ngram, smollm2-135m:bridged")]
+[('none', 'none', 'auto'), ('ngram', 'ngram', 'auto'), ('smollm2-135m:bridged', 'smollm2-135m', 'bridged')]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..engine.factory import MODES, EngineSpec
+from ..errors import VocabBridgeError
+from .errors import BenchError, LaunchError
+from .prompts import Prompt
+from .protocol import BenchSettings, Progress, bench_endpoint, finish
+from .results import BenchResult, ConfigResult, Endpoint
+
+HOST = "127.0.0.1"
+LAUNCHES = ("auto", "inprocess", "subprocess")
+
+
+@dataclass(frozen=True)
+class DrafterChoice:
+    name: str  # the configuration's name, as typed ("smollm2-135m:bridged")
+    drafter: str  # none | ngram | mtp | a model
+    mode: str = "auto"  # for model drafters: auto | draft | bridged | text
+
+
+def parse_drafters(text: str) -> list[DrafterChoice]:
+    """``none,ngram,MODEL[:MODE],...``; MODE is one of auto, draft, bridged, text."""
+    out: list[DrafterChoice] = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            raise BenchError(f"--drafters {text!r} has an empty item; "
+                             "write e.g. none,ngram,qwen2.5-coder-0.5b,smollm2-135m:text.")
+        head, colon, tail = item.rpartition(":")
+        drafter, mode = (head, tail) if colon and head and tail in MODES else (item, "auto")
+        if mode != "auto" and drafter in ("none", "ngram", "mtp"):
+            raise BenchError(f"--drafters: {item}: a mode applies to model drafters only; write {drafter}.")
+        out.append(DrafterChoice(item, drafter, mode))
+    names = [d.name for d in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise BenchError(f"--drafters lists {', '.join(dup)} more than once.")
+    # Paths are named by their last part ("/models/draft.gguf:text" → "draft.gguf:text") unless that is ambiguous.
+    short = [Path(d.drafter).name + d.name[len(d.drafter):] if os.sep in d.drafter else d.name for d in out]
+    return [dataclasses.replace(d, name=s) for d, s in zip(out, short)] if len(set(short)) == len(short) else out
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How configurations are started: ``base`` carries the target and engine options (-k, dtype...)."""
+
+    base: EngineSpec
+    backend: str = "auto"  # auto | embedded | vllm, as `vocabbridge serve --backend`
+    launch: str = "auto"  # auto | inprocess | subprocess
+    startup_timeout: float = 1200.0  # seconds to wait for /health (a first GGUF load converts the weights)
+    max_num_seqs: int | None = None
+    serve_args: tuple[str, ...] = field(default_factory=tuple)  # extra `vocabbridge serve` arguments (subprocess)
+
+    def __post_init__(self):
+        if self.launch not in LAUNCHES:
+            raise BenchError(f"--launch must be one of {', '.join(LAUNCHES)}, got {self.launch!r}.")
+        if self.launch == "inprocess" and self.backend == "vllm":
+            raise BenchError("--launch inprocess runs the embedded engine; with --backend vllm use --launch subprocess.")
+
+    def spec_for(self, d: DrafterChoice) -> EngineSpec:
+        return dataclasses.replace(self.base, drafter=d.drafter, mode=d.mode)
+
+
+def vllm_usable() -> bool:
+    """vLLM importable and a CUDA GPU present (what ``serve --backend auto`` picks vLLM on)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_launch(ls: LaunchSettings) -> tuple[str, str]:
+    """(inprocess | subprocess, why)."""
+    if ls.launch != "auto":
+        return ls.launch, "asked for"
+    if ls.backend == "vllm":
+        return "subprocess", "the vLLM backend runs as its own server"
+    if ls.backend == "auto" and vllm_usable():
+        return "subprocess", "backend auto picks vLLM here (vLLM installed, CUDA GPU present)"
+    return "inprocess", "embedded backend: one process, models loaded once and reused by every configuration"
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def serve_argv(spec: EngineSpec, *, backend: str, port: int, host: str = HOST, max_num_seqs: int | None = None,
+               extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+    """The ``vocabbridge serve`` command for one configuration (engine options that differ from the defaults).
+
+    >>> serve_argv(EngineSpec(target="t", drafter="d", mode="text", num_speculative_tokens=3), backend="embedded", port=9)[3:]
+    ['serve', '--target', 't', '--drafter', 'd', '--mode', 'text', '-k', '3', '--backend', 'embedded', '--host', '127.0.0.1', '--port', '9']
+    """
+    d = EngineSpec()
+    argv = [sys.executable, "-m", "vocabbridge", "serve", "--target", spec.target_name, "--drafter", spec.drafter]
+    flags = [("--mode", spec.mode, d.mode), ("--map", spec.map_path, d.map_path),
+             ("-k", spec.num_speculative_tokens, d.num_speculative_tokens),
+             ("--prompt-lookup-min", spec.prompt_lookup_min, d.prompt_lookup_min),
+             ("--prompt-lookup-max", spec.prompt_lookup_max, d.prompt_lookup_max),
+             ("--min-confidence", spec.min_confidence, d.min_confidence), ("--dtype", spec.dtype, d.dtype),
+             ("--device", spec.device, d.device)]  # fmt: skip
+    argv += [x for flag, v, default in flags if v != default for x in (flag, str(v))]
+    if spec.adaptive_k:
+        argv.append("--adaptive-k")
+    argv += ["--backend", backend, "--host", host, "--port", str(port)]
+    if max_num_seqs:
+        argv += ["--max-num-seqs", str(max_num_seqs)]
+    return argv + list(extra)
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no output)"
+    return "\n".join(lines[-n:]) or "(no output)"
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def subprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str) -> Iterator[Endpoint]:
+    """``vocabbridge serve`` for ``spec`` on a free loopback port, until the block ends."""
+    port = free_port()
+    argv = serve_argv(spec, backend=ls.backend, port=port, max_num_seqs=ls.max_num_seqs, extra=ls.serve_args)
+    url = f"http://{HOST}:{port}"
+    log_dir = Path(tempfile.mkdtemp(prefix="vocabbridge-bench-"))
+    log = log_dir / "serve.log"
+    t0 = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = t0 + ls.startup_timeout
+        while not _healthy(url):
+            if proc.poll() is not None:
+                raise LaunchError(f"{name}: `vocabbridge serve` exited with status {proc.returncode} before it was ready; "
+                                  f"its last lines ({log}):\n{_tail(log)}")  # fmt: skip
+            if time.perf_counter() > deadline:
+                raise LaunchError(f"{name}: {url}/health did not answer 200 within {ls.startup_timeout:.0f} s "
+                                  f"(--startup-timeout to wait longer); its last lines ({log}):\n{_tail(log)}")  # fmt: skip
+            time.sleep(0.5)
+        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "num_speculative_tokens":
+                  spec.num_speculative_tokens, "backend": ls.backend, "launch": "subprocess", "command": argv[3:],
+                  "startup_seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
+        yield Endpoint(name, url, launch)
+    except BaseException:
+        stop_process(proc)
+        raise  # the log stays for the error message to point at
+    stop_process(proc)
+    shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def stop_process(proc: subprocess.Popen, *, grace: float = 30.0) -> int:
+    """SIGINT (a clean stop, as Ctrl-C), then SIGKILL after ``grace`` seconds; the exit status."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@contextlib.contextmanager
+def inprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded: dict) -> Iterator[Endpoint]:
+    """The engine built in this process (models reused from ``loaded``), served on a loopback port."""
+    from ..engine.factory import build_engine
+    from ..server import serve_in_thread
+
+    t0 = time.perf_counter()
+    built = build_engine(spec, loaded=loaded)
+    load_s = time.perf_counter() - t0
+    kw = {"max_num_seqs": ls.max_num_seqs} if ls.max_num_seqs else {}
+    with serve_in_thread(built, host=HOST, port=0, **kw) as handle:
+        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "running": built.mode,
+                  "num_speculative_tokens": spec.num_speculative_tokens, "backend": "embedded", "launch": "inprocess",
+                  "engine": built.describe(), "load_seconds": round(load_s, 2)}  # fmt: skip
+        yield Endpoint(name, handle.url, launch)
+
+
+def bench_launched(drafters: list[DrafterChoice], ls: LaunchSettings, prompts: list[Prompt], settings: BenchSettings, *,
+                   progress: Progress | None = None, loaded: dict | None = None) -> BenchResult:  # fmt: skip
+    """Start, benchmark and stop each configuration in turn; one that cannot start is reported, not fatal."""
+    progress = progress or Progress()
+    names = [d.name for d in drafters]
+    if settings.baseline and settings.baseline not in names:
+        raise BenchError(f"--baseline {settings.baseline} is not one of the configurations: {', '.join(names)}.")
+    targets = {ls.spec_for(d).target_name for d in drafters}  # a drafter without a target fails here, before any start
+    if len(targets) > 1:
+        raise BenchError(f"the drafters pair with different targets ({', '.join(sorted(targets))}); pass --target.")
+    how, why = resolve_launch(ls)
+    loaded = loaded if loaded is not None else {}
+    configs: list[ConfigResult] = []
+    for d in drafters:
+        spec = ls.spec_for(d)
+        progress.message(f"{d.name}: starting ({'loading models' if how == 'inprocess' else 'vocabbridge serve'})…")
+        if how == "inprocess":
+            server = inprocess_server(spec, ls, name=d.name, loaded=loaded)
+        else:
+            server = subprocess_server(spec, ls, name=d.name)
+        try:
+            with server as endpoint:
+                configs.append(bench_endpoint(endpoint, prompts, settings, progress=progress))
+        except VocabBridgeError as e:
+            failed = ConfigResult(Endpoint(d.name, "", {"target": spec.target_name, "drafter": d.drafter, "mode": d.mode}),
+                                  error=str(e))  # fmt: skip
+            configs.append(failed)
+            progress.message(f"{d.name}: failed: {e}")
+    where = "in this process" if how == "inprocess" else "as `vocabbridge serve` subprocesses"
+    env_note = f"configurations started {where} ({why})"
+    result = finish(configs, prompts, settings, notes=[env_note])
+    result.environment["launch"] = how
+    result.environment["models_dir"] = os.environ.get("VOCABBRIDGE_MODELS")
+    return result
