@@ -115,3 +115,20 @@ def test_a_client_leaving_mid_stream_frees_its_slot(tiny):
     assert m["vllm:request_success_total{finished_reason=abort}"] == 2
     assert m["vllm:generation_tokens_total"] < 2 * 480  # both stopped early
     assert after["vllm:request_success_total{finished_reason=length}"] == 1
+
+
+def test_stopping_the_server_ends_open_streams_with_an_error(tiny):
+    from .server_helpers import tiny_built
+
+    srv = serve_in_thread(tiny_built(tiny))
+    got = []
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        body = {"prompt": "The quick brown fox", "max_tokens": 480, "ignore_eos": True, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            t0 = time.perf_counter()
+            srv.stop()
+            got = [ln[6:] if ln == "data: [DONE]" else json.loads(ln[6:]) for ln in lines if ln.startswith("data: ")]
+    assert time.perf_counter() - t0 < 5 and not srv.thread.is_alive()
+    assert got[-1] == "[DONE]" and got[-2]["error"]["message"].startswith("the server is shutting down")

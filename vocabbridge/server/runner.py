@@ -26,7 +26,8 @@ class ServerHandle:
         return self.app.state.vocabbridge.model_name
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Stop accepting, let open requests end (aborting the ones still generating), join the thread."""
+        """Abort the requests still generating (their clients get a 503 error), stop uvicorn, join its thread."""
+        self.app.state.vocabbridge.worker.stop()
         self.server.should_exit = True
         self.thread.join(timeout)
         self.sock.close()

@@ -125,6 +125,16 @@ class EngineWorker:
     # ==== the engine thread ===============================================================
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:  # a bug here must not leave clients waiting forever
+            log.exception("the engine worker stopped")
+        finally:
+            with self._cv:
+                self._stopping = True
+            self._shutdown()
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 while not self._stopping and not self._waiting and not self._active:
@@ -141,7 +151,6 @@ class EngineWorker:
             with self._cv:
                 self._active = [r for r in self._active if not r.done]
                 self.metrics.running.set(len(self._active))
-        self._shutdown()
 
     def _turn(self, req: GenRequest) -> None:
         """Advance one request by one engine step."""
