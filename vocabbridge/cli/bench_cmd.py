@@ -169,7 +169,11 @@ def bench_cmd(urls, names, target, drafters, backend, launch, num_speculative_to
     if as_json:
         click.echo(to_json(result))
     else:
-        print_sections(sections(result), title="vocabbridge bench")
+        from rich.console import Console
+
+        # Wide tables in logs and pipes, where rich would otherwise wrap them at 80 columns.
+        console = Console() if sys.stdout.isatty() else Console(width=180)
+        print_sections(sections(result), console=console, title="vocabbridge bench")
     failed = [c for c in result.configs if c.error]
     if failed:
         raise BenchError(f"{len(failed)} of {len(result.configs)} configurations could not be benchmarked; "
