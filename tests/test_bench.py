@@ -164,15 +164,21 @@ def test_plots_and_reports_are_written(run, tmp_path):
     assert json.loads(written["json"].read_text(encoding="utf-8"))["baseline"] == "none"
 
 
-def test_a_server_without_metrics_is_measured_and_says_what_it_could_not(tiny):
+@pytest.mark.parametrize("page", ["missing", "html"])
+def test_a_server_without_metrics_is_measured_and_says_what_it_could_not(tiny, page):
+    from fastapi.responses import HTMLResponse
+
     with serve_in_thread(_built(tiny, "draft")) as h:
         h.app.router.routes[:] = [r for r in h.app.router.routes if getattr(r, "path", "") != "/metrics"]
+        if page == "html":  # some servers answer every path with their web page
+            h.app.add_api_route("/metrics", lambda: HTMLResponse("<html><body>hello</body></html>"))
         res = bench_urls([Endpoint("plain", h.url)], parse_prompts(SUITE),
                          BenchSettings(max_tokens=4, repeats=1, temperature=0, concurrency=(), warmup=False))  # fmt: skip
     c = res.config("plain")
     assert not c.metrics_available and c.overall.decode_tokens_per_second > 0
     assert c.overall.acceptance_rate is None and c.overall.forwards_per_token is None
-    assert any("no Prometheus /metrics" in u for u in c.unmeasured)
+    why = "no Prometheus /metrics" if page == "missing" else "/metrics: the /metrics page is not Prometheus text"
+    assert any(why in u for u in c.unmeasured), c.unmeasured
     assert res.baseline is None and any("speedup not measured" in n for n in res.notes)
 
 
@@ -219,12 +225,17 @@ def test_subprocess_launch_serves_benches_and_stops(tiny):
         BenchClient(c.endpoint.url, timeout=2).model()
 
 
-def test_subprocess_that_cannot_start_shows_its_last_lines(tmp_path):
+def test_subprocess_that_cannot_start_shows_its_last_lines(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the server log it keeps for the message
     ls = LaunchSettings(EngineSpec(target=str(tmp_path / "missing-model")), backend="embedded", launch="subprocess",
                         startup_timeout=120)  # fmt: skip
     res = bench_launched(parse_drafters("none"), ls, parse_prompts(SUITE), BenchSettings(max_tokens=4, repeats=1))
     err = res.config("none").error
     assert "`vocabbridge serve` exited with status 1 before it was ready" in err and "missing-model" in err
+    log = next(tmp_path.glob("vocabbridge-bench-*/serve.log"))
+    assert f"its last lines ({log})" in err
 
 
 def test_drafter_lists_and_settings_are_checked():
@@ -242,3 +253,9 @@ def test_drafter_lists_and_settings_are_checked():
     assert r.exit_code == 2 and "comma-separated positive integers" in r.output
     r = CliRunner().invoke(main, ["bench", "--url", "http://127.0.0.1:9", "--drafters", "none"])
     assert r.exit_code == 1 and "either --url" in r.output
+
+
+def test_an_unreachable_url_fails_before_anything_runs(servers):
+    r = CliRunner().invoke(main, ["bench", "--url", servers["none"].url, "--url", "http://127.0.0.1:9", "--max-tokens", "2"])
+    assert r.exit_code == 1
+    assert r.output.startswith("Error: http://127.0.0.1:9 is not reachable") and "is the server running" in r.output

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .client import BenchClient, Completion
-from .errors import BenchError
+from .errors import BenchError, MetricsError
 from .metrics import Counters, SpecDelta, counter_delta
 from .prompts import Prompt
 from .results import BenchResult, ConcurrencyFigures, ConfigResult, Endpoint, RequestResult, apply_speedups, pick_baseline
@@ -163,11 +163,13 @@ def bench_endpoint(endpoint: Endpoint, prompts: list[Prompt], settings: BenchSet
                      max_connections=max(settings.concurrency + (1,)) + 2) as client:  # fmt: skip
         run = _Runner(client, endpoint, settings, progress)
         run.model = res.model = client.model()
-        first = client.scrape()
+        try:
+            first, why = client.scrape(), f"no Prometheus /metrics at {client.url}"
+        except MetricsError as e:  # a page there, but not Prometheus text (an HTML catch-all route...)
+            first, why = None, f"{client.url}/metrics: {e}"
         run.metrics = res.metrics_available = first is not None
         if first is None:
-            res.unmeasured.append(f"acceptance, per-position acceptance, mean acceptance length and target forwards: "
-                                  f"no Prometheus /metrics at {client.url}")  # fmt: skip
+            res.unmeasured.append(f"acceptance, per-position acceptance, mean acceptance length and target forwards: {why}")
         elif not first.has_spec_counters and not first.vllm_metrics:
             res.unmeasured.append(f"acceptance: {client.url}/metrics has no vllm:* counters (is it a vLLM-compatible server?)")
         modes = settings.thinking_modes
@@ -241,5 +243,8 @@ def bench_urls(endpoints: list[Endpoint], prompts: list[Prompt], settings: Bench
         raise BenchError(f"configuration names must be unique, got {', '.join(names)}; give --name once per --url.")
     if settings.baseline and settings.baseline not in names:
         raise BenchError(f"--baseline {settings.baseline} is not one of the configurations: {', '.join(names)}.")
+    for e in endpoints:  # every server answers before the first one is benchmarked
+        with BenchClient(e.url, api_key=api_key, timeout=30.0) as c:
+            c.model()
     configs = [bench_endpoint(e, prompts, settings, api_key=api_key, progress=progress) for e in endpoints]
     return finish(configs, prompts, settings)
