@@ -33,7 +33,9 @@ def _built(tiny, drafter: str):
     t = tiny["target"]
     loaded = {t.source: t, tiny["draft"].source: tiny["draft"]}
     name = {"self": t.source, "draft": tiny["draft"].source}.get(drafter, drafter)
-    return build_engine(EngineSpec(target=t.source, drafter=name, num_speculative_tokens=3), loaded=loaded)
+    kw = {"drafter_dtype": "float32"} if "drafter_dtype" in EngineSpec.__dataclass_fields__ else {}  # not int8: see below
+    # fp32 drafters, so that the target drafting for itself proposes exactly its own greedy tokens.
+    return build_engine(EngineSpec(target=t.source, drafter=name, num_speculative_tokens=3, **kw), loaded=loaded)
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +238,24 @@ def test_subprocess_that_cannot_start_shows_its_last_lines(tmp_path, monkeypatch
     assert "`vocabbridge serve` exited with status 1 before it was ready" in err and "missing-model" in err
     log = next(tmp_path.glob("vocabbridge-bench-*/serve.log"))
     assert f"its last lines ({log})" in err
+
+
+def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
+    import dataclasses
+
+    from vocabbridge.bench.launch import NOT_SERVE_OPTIONS, serve_argv
+    from vocabbridge.cli.serve_cmd import serve_cmd
+
+    changed = {"mode": "text", "map_path": "m.json", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
+               "adaptive_k": True, "min_confidence": 0.5, "dtype": "float32", "drafter_dtype": "int8", "device": "cpu"}  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(EngineSpec)} - set(NOT_SERVE_OPTIONS)
+    assert fields <= set(changed), f"a new EngineSpec field to pass to serve: {fields - set(changed)}"
+    spec = EngineSpec(target="t", drafter="d", **{k: v for k, v in changed.items() if k in fields})
+    argv = serve_argv(spec, backend="embedded", port=9, max_num_seqs=2)[3:]
+    known = {o for p in serve_cmd.params for o in p.opts}
+    flags = [a for a in argv[1:] if a.startswith("-")]
+    assert len(flags) == len(fields) + 2 + 4 and set(flags) <= known, set(flags) - known
+    assert argv[argv.index("-k") + 1] == "3" and "--adaptive-k" in argv
 
 
 def test_drafter_lists_and_settings_are_checked():

@@ -36,6 +36,8 @@ from .protocol import BenchSettings, Progress, bench_endpoint, finish
 from .results import BenchResult, ConfigResult, Endpoint
 
 HOST = "127.0.0.1"
+SERVE_FLAGS = {"map_path": "--map", "num_speculative_tokens": "-k", "adaptive_k": "--adaptive-k"}  # else --field-name
+NOT_SERVE_OPTIONS = ("target", "drafter", "map_mode")  # given first / not a serve option (serve builds maps in bytes mode)
 LAUNCHES = ("auto", "inprocess", "subprocess")
 
 
@@ -123,17 +125,13 @@ def serve_argv(spec: EngineSpec, *, backend: str, port: int, host: str = HOST, m
     >>> serve_argv(EngineSpec(target="t", drafter="d", mode="text", num_speculative_tokens=3), backend="embedded", port=9)[3:]
     ['serve', '--target', 't', '--drafter', 'd', '--mode', 'text', '-k', '3', '--backend', 'embedded', '--host', '127.0.0.1', '--port', '9']
     """
-    d = EngineSpec()
     argv = [sys.executable, "-m", "vocabbridge", "serve", "--target", spec.target_name, "--drafter", spec.drafter]
-    flags = [("--mode", spec.mode, d.mode), ("--map", spec.map_path, d.map_path),
-             ("-k", spec.num_speculative_tokens, d.num_speculative_tokens),
-             ("--prompt-lookup-min", spec.prompt_lookup_min, d.prompt_lookup_min),
-             ("--prompt-lookup-max", spec.prompt_lookup_max, d.prompt_lookup_max),
-             ("--min-confidence", spec.min_confidence, d.min_confidence), ("--dtype", spec.dtype, d.dtype),
-             ("--device", spec.device, d.device)]  # fmt: skip
-    argv += [x for flag, v, default in flags if v != default for x in (flag, str(v))]
-    if spec.adaptive_k:
-        argv.append("--adaptive-k")
+    for f in dataclasses.fields(EngineSpec):  # every engine option that differs from its default, as serve spells it
+        value = getattr(spec, f.name)
+        if f.name in NOT_SERVE_OPTIONS or value == f.default:
+            continue
+        flag = SERVE_FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+        argv += [flag] if isinstance(value, bool) else [flag, str(value)]
     argv += ["--backend", backend, "--host", host, "--port", str(port)]
     if max_num_seqs:
         argv += ["--max-num-seqs", str(max_num_seqs)]
