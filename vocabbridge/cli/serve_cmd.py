@@ -67,11 +67,17 @@ def _run_vllm(cmd, host, port) -> int:
     from ..server.vllm_backend import run_vllm
 
     url = f"http://{host}:{port}"
+    ready_seen = []
 
     def ready():
+        ready_seen.append(True)
         click.echo(f"vocabbridge serve: ready on {url} — model {cmd.model_name}, vLLM backend; Ctrl-C stops")
+        sys.stdout.flush()
 
-    return run_vllm(cmd, host=host, port=port, on_ready=ready)
+    rc = run_vllm(cmd, host=host, port=port, on_ready=ready)
+    if rc and not ready_seen:
+        _say(f"vLLM exited with status {rc} before it was ready; its own output above says why.")
+    return rc
 
 
 def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_name, dry_run) -> None:
