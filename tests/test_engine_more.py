@@ -104,3 +104,42 @@ def test_eval_drafter_cli(tiny, tmp_path):
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
     assert len(j["eval"]["acceptance_per_position"]) == 4 and j["eval"]["positions"] > 10
+
+
+@pytest.mark.parametrize("gate", [0.3, 0.9])
+def test_confidence_gating_stays_lossless_and_drafts_less(tiny, gate):
+    t = tiny["target"]
+    prompt = t.view.encode(PROMPT)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    want = SpecEngine(t).generate(prompt, params).tokens
+    free = SpecEngine(t, DraftModelDrafter(tiny["draft"], target_vocab_size=t.vocab_size), num_speculative_tokens=4).generate(prompt, params)
+    gated = SpecEngine(t, DraftModelDrafter(tiny["draft"], target_vocab_size=t.vocab_size, min_confidence=gate),
+                       num_speculative_tokens=4).generate(prompt, params)  # fmt: skip
+    assert gated.tokens == free.tokens == want
+    assert gated.stats.draft_tokens < free.stats.draft_tokens
+
+
+def test_int8_drafter_is_lossless(tiny):
+    from vocabbridge.engine import load_causal_lm
+
+    t = tiny["target"]
+    d8 = load_causal_lm(tiny["draft"].source, dtype="int8")
+    assert "Quantized" in type(d8.model.lm_head).__name__ or "quantized" in type(d8.model.lm_head).__module__
+    prompt = t.view.encode(PROMPT)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    want = SpecEngine(t).generate(prompt, params).tokens
+    got = SpecEngine(t, DraftModelDrafter(d8, target_vocab_size=t.vocab_size), num_speculative_tokens=3).generate(prompt, params)
+    assert got.tokens == want
+
+
+def test_ngram_first_drafter_is_lossless_and_uses_both(tiny):
+    from vocabbridge.engine.drafters import NgramFirstDrafter
+
+    t = tiny["target"]
+    prompt = t.view.encode("안녕하세요. Hello world, give them the results.")  # the target loops here (see test_engine)
+    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    want = SpecEngine(t).generate(prompt, params).tokens
+    drafter = NgramFirstDrafter(DraftModelDrafter(tiny["draft"], target_vocab_size=t.vocab_size))
+    r = SpecEngine(t, drafter, num_speculative_tokens=4).generate(prompt, params)
+    assert r.tokens == want
+    assert r.stats.drafter_forwards > 0 and r.stats.accepted > 0

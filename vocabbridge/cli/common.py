@@ -99,18 +99,23 @@ def engine_options(fn):
     @click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(1))
     @click.option("--adaptive-k/--fixed-k", default=False, show_default=True, help="Grow k after full acceptance, shrink after a miss.")
     @click.option("--min-confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
-                  help="Stop drafting when the drafter's top probability falls below this.")  # fmt: skip
-    @click.option("--dtype", default="auto", show_default=True, help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")
+                  help="Model drafters: stop drafting when the product of the drafter's top probabilities (its own "
+                       "estimate that the draft survives) falls below this; 0 = always draft k.")  # fmt: skip
+    @click.option("--ngram-first/--no-ngram-first", default=False, show_default=True,
+                  help="Model drafters: propose a prompt-lookup match when there is one, the model otherwise.")  # fmt: skip
+    @click.option("--dtype", default="auto", show_default=True, help="Target dtype: auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")
+    @click.option("--drafter-dtype", default="auto", show_default=True,
+                  help="Drafter dtype: auto (int8 weights on CPU, else the target's), int8, float32, bfloat16.")  # fmt: skip
     @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ...")
     @functools.wraps(fn)
     def wrapper(*args, target, drafter, mode, map_path, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                adaptive_k, min_confidence, dtype, device, **kwargs):  # fmt: skip
+                adaptive_k, min_confidence, ngram_first, dtype, drafter_dtype, device, **kwargs):  # fmt: skip
         from ..engine.factory import EngineSpec
 
         spec = EngineSpec(
             target=target, drafter=drafter, mode=mode, map_path=map_path, num_speculative_tokens=num_speculative_tokens,
             prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, adaptive_k=adaptive_k,
-            min_confidence=min_confidence, dtype=dtype, device=device,
+            min_confidence=min_confidence, ngram_first=ngram_first, dtype=dtype, drafter_dtype=drafter_dtype, device=device,
         )  # fmt: skip
         return fn(*args, spec=spec, **kwargs)
 

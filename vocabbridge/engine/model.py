@@ -29,16 +29,21 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.f
           "float32": torch.float32, "fp32": torch.float32}  # fmt: skip
 
 
+QUANTIZED = ("int8", "int8-dynamic")
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     """``auto``: bf16 on CUDA, fp32 on CPU (see :func:`load_causal_lm` for why)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype in QUANTIZED:  # fp32 activations, int8 weights (quantized after loading)
+        return torch.float32
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(DTYPES)}") from None
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of auto, {', '.join([*DTYPES, *QUANTIZED])}") from None
 
 
 def resolve_device(device: str | None) -> str:
@@ -148,6 +153,20 @@ def pack_linears(model: torch.nn.Module) -> int:
     return n
 
 
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of every Linear (PyTorch's own ``quantize_dynamic``, fbgemm).
+
+    For drafters only: a drafter's numerics never change what the engine outputs (the target
+    verifies everything), and on a CPU a one-token forward is bound by reading the weights, so
+    int8 weights make SmolLM2-135M ~2× and Qwen2.5-0.5B ~3× faster than fp32.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
 @dataclass
 class CausalLM:
     """A loaded model with its tokenizer view. ``vocab_size`` is the logits' width."""
@@ -209,7 +228,11 @@ def load_causal_lm(
     model.to(device)
     model.eval()
     vocab = model.get_output_embeddings().weight.shape[0]
-    if pack and device == "cpu" and dt == torch.float32:
+    if dtype in QUANTIZED:
+        if device != "cpu":
+            raise ModelLoadError("dtype int8 (dynamic quantization) runs on the CPU only; use bfloat16 on CUDA.")
+        model = quantize_int8(model)
+    elif pack and device == "cpu" and dt == torch.float32:
         pack_linears(model)
     if isinstance(tokenizer, TokenizerView):
         view = tokenizer

@@ -19,6 +19,7 @@ class SpecStats:
     draft_tokens: int = 0
     accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    verify_sizes: dict[int, int] = field(default_factory=dict)  # tokens fed per decode forward → count
     target_forwards: int = 0  # prefill included
     drafter_forwards: int = 0
     time_prefill: float = 0.0
@@ -28,6 +29,7 @@ class SpecStats:
     ttft: float = 0.0  # time to first token
 
     def observe_draft(self, n_draft: int, n_accepted: int) -> None:
+        self.verify_sizes[n_draft + 1] = self.verify_sizes.get(n_draft + 1, 0) + 1
         if n_draft == 0:
             return
         self.drafts += 1
@@ -74,4 +76,6 @@ class SpecStats:
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         out.accepted_per_pos = [a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))]
+        out.verify_sizes = {m: self.verify_sizes.get(m, 0) + other.verify_sizes.get(m, 0)
+                            for m in sorted(set(self.verify_sizes) | set(other.verify_sizes))}  # fmt: skip
         return out

@@ -1,11 +1,12 @@
 """Drafters behind one interface (``Drafter.session(prompt).propose(context, k, params, gen)``)."""
 
 from .base import DraftSession, Drafter, NoDrafter, Proposal
+from .combined import NgramFirstDrafter
 from .model_based import BridgedDrafter, DraftModelDrafter
 from .ngram import NgramDrafter, find_ngram_proposal
 from .text import TextDrafter
 
 __all__ = [
-    "BridgedDrafter", "DraftModelDrafter", "DraftSession", "Drafter", "NgramDrafter", "NoDrafter", "Proposal",
+    "BridgedDrafter", "DraftModelDrafter", "DraftSession", "Drafter", "NgramDrafter", "NgramFirstDrafter", "NoDrafter", "Proposal",
     "TextDrafter", "find_ngram_proposal",
 ]  # fmt: skip

@@ -54,9 +54,16 @@ class ModelDraftSession(DraftSession):
         return self.kv.extend([token], keep=1)[-1]
 
     def draft_loop(self, logits: torch.Tensor, k: int, params: SamplingParams, generator, *, mask: torch.Tensor | None = None):
-        """Draft up to k drafter ids; returns (ids, probs rows or None)."""
+        """Draft up to k drafter ids; returns (ids, probs rows or None).
+
+        With ``min_confidence`` > 0, drafting stops as soon as the product of the drafter's
+        top probabilities so far (its own estimate that the whole draft survives) falls below it,
+        the first token included: an empty draft makes the engine take a plain one-token step,
+        which on a CPU is much cheaper than verifying a doubtful guess.
+        """
         ids: list[int] = []
         rows: list[torch.Tensor] = []
+        survive = 1.0
         for i in range(k):
             if mask is not None:
                 logits = logits + mask
@@ -69,7 +76,8 @@ class ModelDraftSession(DraftSession):
                 tok = sample(probs, generator)
                 conf = float(probs.max())
                 rows.append(probs)
-            if conf < self.min_confidence and i > 0:
+            survive *= conf
+            if survive < self.min_confidence:
                 if rows:
                     rows.pop()
                 break

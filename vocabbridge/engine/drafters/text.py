@@ -74,6 +74,7 @@ class _TextSession(ModelDraftSession):
         self.d = d
         self.stable: list[int] = []  # drafter ids for context[:stable_upto] (up to the last special)
         self.stable_upto = 0
+        self.n_context = self.n_drafter = 0
 
     def drafter_context(self, context: list[int]) -> list[int]:
         d, special = self.d, self.d.target_added
@@ -88,12 +89,20 @@ class _TextSession(ModelDraftSession):
                     start = j + 1
             self.stable_upto = last + 1
         tail = encode_bytes(d.lm.view, d.target.decode_bytes(context[self.stable_upto :]))
+        self.n_drafter = len(self.stable) + len(tail)
         return self.stable + tail
+
+    def drafter_steps(self, k: int) -> int:
+        """Drafter tokens to draft for k target tokens (+1: the last target token is dropped),
+        from the two tokenizers' token counts on this very conversation."""
+        ratio = self.n_drafter / max(1, self.n_context) if self.n_context > 32 else self.d.ratio
+        return max(k + 1, min(3 * k + 1, math.ceil((k + 1) * ratio)))
 
     def propose(self, context, k, params, generator):
         d = self.d
+        self.n_context = len(context)
         logits = self._feed(context, k)
-        ids, _ = self.draft_loop(logits, d.drafter_steps(k), _GREEDY, None)
+        ids, _ = self.draft_loop(logits, self.drafter_steps(k), _GREEDY, None)
         ended = bool(ids) and ids[-1] in self.stop_ids
         body = ids[:-1] if ended else ids
         cut = next((i for i, t in enumerate(body) if t in d.drafter_added), len(body))
@@ -115,12 +124,9 @@ class TextDrafter(Drafter):
         self.drafter_added = frozenset(a.id for a in lm.view.added)
         self.target_end = next((target.roles[r] for r in ("end_of_turn", "eos") if r in target.roles), None)
         self._special_cache: dict[int, list[int]] = {}
-        # Average bytes per token on each side, to draft enough drafter tokens for k target tokens.
+        # Drafter tokens per target token on a mixed sample, until a conversation gives its own ratio.
         sample = "The quick brown fox jumps over the lazy dog. 안녕하세요, 반갑습니다. def f(x): return x + 1\n"
         self.ratio = max(1.0, len(lm.view.encode(sample)) / max(1, len(target.encode(sample))))
-
-    def drafter_steps(self, k: int) -> int:
-        return min(3 * k + 1, math.ceil((k + 1) * self.ratio))
 
     def special_to_drafter(self, target_id: int) -> list[int]:
         """A target special token in drafter ids: same role, else same text, else its text encoded."""

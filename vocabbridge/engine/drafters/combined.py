@@ -1,0 +1,48 @@
+"""Prompt lookup first, then a model: the n-gram drafter proposes when the context repeats
+itself (free: no forward), the model drafter proposes otherwise.
+
+Copy-heavy requests (code review, summaries, edits) get n-gram drafting at no drafter cost; the
+rest gets the model. The model's KV cache is simply behind after n-gram steps and catches up in
+one forward on its next turn (sessions sync to the committed context).
+"""
+
+from __future__ import annotations
+
+from .base import DraftSession, Drafter, Proposal
+from .ngram import NgramIndex
+
+
+class _CombinedSession(DraftSession):
+    def __init__(self, d: NgramFirstDrafter, prompt):
+        self.index = NgramIndex(d.min_n, d.max_n)
+        self.model = d.model.session(prompt)
+        self.ngram_drafts = 0
+
+    @property
+    def forwards(self) -> int:
+        return self.model.forwards
+
+    def propose(self, context, k, params, generator):
+        tokens = self.index.propose(context, k)
+        if tokens:
+            self.ngram_drafts += 1
+            return Proposal(tokens)
+        return self.model.propose(context, k, params, generator)
+
+
+class NgramFirstDrafter(Drafter):
+    uses_model = True
+
+    def __init__(self, model: Drafter, *, prompt_lookup_min: int = 2, prompt_lookup_max: int = 4):
+        self.model = model
+        self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
+        self.name = f"ngram+{model.name}"
+
+    def load_model(self) -> None:
+        self.model.load_model()
+
+    def session(self, prompt):
+        return _CombinedSession(self, prompt)
+
+    def describe(self):
+        return {"name": self.name, "prompt_lookup_min": self.min_n, "prompt_lookup_max": self.max_n, "model": self.model.describe()}
