@@ -5,10 +5,15 @@
 
 Target Qwen2.5-Coder-1.5B-Instruct, CPU, greedy, five prompts (Korean chat, English chat, code
 review, summary of a long input, code generation) × 128 new tokens. Our modes: plain, ngram,
-draft (Qwen2.5-Coder-0.5B), bridged and text (SmolLM2-135M). The peers, timed in the same
-process on the same loaded weights: transformers generate() plain, prompt_lookup_num_tokens,
-assistant_model=0.5B, and assistant_model=SmolLM2 with tokenizer=/assistant_tokenizer=
-(universal assisted generation).
+draft (Qwen2.5-Coder-0.5B), bridged and text (SmolLM2-135M), and the n-gram-first hybrids of the
+last two. The peers, timed in the same process: transformers generate() plain,
+prompt_lookup_num_tokens, assistant_model=0.5B, and assistant_model=SmolLM2 with
+tokenizer=/assistant_tokenizer= (universal assisted generation), twice:
+
+- "stock" (×peer): the models as transformers loads them by default (fp32, dense nn.Linear,
+  fp32 assistants) — what a transformers user runs, and what the issue's targets are against;
+- "same" (×same): generate() on *our* loaded models (pre-packed fp32 target, int8 drafters), so
+  the ratio isolates the decoding loop and the drafting policy from the weight handling.
 
 Per mode: decode tokens/s (time after the first token), ratio to our plain, ratio to its
 transformers peer, acceptance rate, accepted tokens per target forward, target forwards per 128
@@ -41,6 +46,7 @@ from vocabbridge.chat import chat_prompt_ids  # noqa: E402
 from vocabbridge.engine import (  # noqa: E402
     BridgedDrafter, DraftModelDrafter, NgramDrafter, SamplingParams, SpecEngine, TextDrafter, load_causal_lm,
 )
+from vocabbridge.engine.drafters import NgramFirstDrafter  # noqa: E402
 from vocabbridge.mapping import build_token_map  # noqa: E402
 from vocabbridge.presets import resolve_model  # noqa: E402
 
@@ -89,10 +95,10 @@ def ours(engine: SpecEngine, run: Run, name: str, prompt: list[int], params: Sam
         "tokens": r.tokens, "generated": s.generated, "decode_time": s.time_total - s.ttft, "ttft": s.ttft,
         "drafts": s.drafts, "draft_tokens": s.draft_tokens, "accepted": s.accepted,
         "target_forwards": s.target_forwards, "drafter_forwards": s.drafter_forwards,
-        "time_draft": s.time_draft, "time_verify": s.time_verify,
+        "time_draft": s.time_draft, "time_verify": s.time_verify, "verify_sizes": s.verify_sizes,
     }  # fmt: skip
     acc = s.acceptance_rate if s.draft_tokens else float("nan")
-    print(f"  {run.mode:9s} {name:16s} {s.generated:4d} tok  {(s.generated - 1) / max(s.time_total - s.ttft, 1e-9):6.2f} tok/s  acc {acc:.2f}",
+    print(f"  {run.mode:13s} {name:16s} {s.generated:4d} tok  {(s.generated - 1) / max(s.time_total - s.ttft, 1e-9):6.2f} tok/s  acc {acc:.2f}",
           flush=True)  # fmt: skip
 
 
@@ -121,12 +127,27 @@ def hf_tokenizer(view):
     return tok
 
 
-def peer(target, run: Run, name: str, prompt: list[int], max_new: int, **kw) -> None:
+def stock_models(srcs: dict[str, str]):
+    """The three models as a transformers user loads them: from_pretrained with its defaults
+    (fp32, dense nn.Linear). The weights are read from vocabbridge's dequantized copy of the GGUF
+    files (identical tensors; it skips transformers' 40 s GGUF dequantization)."""
+    from transformers import AutoModelForCausalLM
+
+    from vocabbridge.engine.model import _converted_cache_dir
+
+    out = []
+    for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"):
+        folder = _converted_cache_dir(Path(srcs[name]), torch.float32)
+        out.append(AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval())
+    return out
+
+
+def peer(target, model, run: Run, name: str, prompt: list[int], max_new: int, **kw) -> None:
     eos = [target.view.roles[r] for r in ("eos", "end_of_turn") if r in target.view.roles]
     streamer = _FirstToken()
     x = torch.tensor([prompt])
     t0 = time.perf_counter()
-    out = target.model.generate(
+    out = model.generate(
         x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
         pad_token_id=eos[0], streamer=streamer, **kw,
     )  # fmt: skip
@@ -134,7 +155,7 @@ def peer(target, run: Run, name: str, prompt: list[int], max_new: int, **kw) -> 
     gen = out[0, len(prompt) :].tolist()
     first = streamer.first or t0
     run.per_prompt[name] = {"tokens": gen, "generated": len(gen), "decode_time": t1 - first, "ttft": first - t0}
-    print(f"  {run.mode:9s} {name:16s} {len(gen):4d} tok  {(len(gen) - 1) / max(t1 - first, 1e-9):6.2f} tok/s", flush=True)
+    print(f"  {run.mode:13s} {name:16s} {len(gen):4d} tok  {(len(gen) - 1) / max(t1 - first, 1e-9):6.2f} tok/s", flush=True)
 
 
 def ttft_experiment(target, drafter_lm, drafter, tokens: int = 2000) -> dict:
@@ -166,8 +187,11 @@ def main() -> int:
     ap.add_argument("--drafter-dtype", default="int8", help="drafter dtype (int8: dynamic quantization)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--k-ngram", type=int, default=4)
-    ap.add_argument("--k-draft", type=int, default=4)
-    ap.add_argument("--k-smol", type=int, default=3)
+    ap.add_argument("--k-draft", type=int, default=6)
+    ap.add_argument("--k-smol", type=int, default=6)
+    ap.add_argument("--conf-draft", type=float, default=0.3, help="min_confidence of the 0.5B drafter")
+    ap.add_argument("--conf-smol", type=float, default=0.4, help="min_confidence of the SmolLM2 drafters")
+    ap.add_argument("--no-hybrids", action="store_true", help="skip the ngram+bridged / ngram+text rows")
     ap.add_argument("--only", default="", help="comma-separated subset of modes (plain is always run)")
     ap.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
     ap.add_argument("--prompts", default="", help="comma-separated subset of prompt names")
@@ -194,12 +218,16 @@ def main() -> int:
     print("prompt tokens:", {k: len(v) for k, v in ids.items()}, flush=True)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     tm = build_token_map(smol.view, target.view, mode="bytes", drafter_vocab_size=smol.vocab_size, target_vocab_size=V)
+    cs = args.conf_smol
     modes = {
         "ngram": (NgramDrafter(prompt_lookup_min=1, prompt_lookup_max=4), args.k_ngram, None),
-        "draft": (DraftModelDrafter(d05, target_vocab_size=V, target_view=target.view), args.k_draft, d05),
-        "bridged": (BridgedDrafter(smol, tm, target_vocab_size=V), args.k_smol, smol),
-        "text": (TextDrafter(smol, target.view, target_vocab_size=V), args.k_smol, smol),
+        "draft": (DraftModelDrafter(d05, target_vocab_size=V, target_view=target.view, min_confidence=args.conf_draft), args.k_draft, d05),
+        "bridged": (BridgedDrafter(smol, tm, target_vocab_size=V, min_confidence=cs), args.k_smol, smol),
+        "text": (TextDrafter(smol, target.view, target_vocab_size=V, min_confidence=cs), args.k_smol, smol),
     }
+    if not args.no_hybrids:  # prompt lookup first, SmolLM2 when it finds nothing
+        modes["ngram+bridged"] = (NgramFirstDrafter(BridgedDrafter(smol, tm, target_vocab_size=V, min_confidence=cs)), args.k_smol, smol)
+        modes["ngram+text"] = (NgramFirstDrafter(TextDrafter(smol, target.view, target_vocab_size=V, min_confidence=cs)), args.k_smol, smol)
     if args.only:
         modes = {k: v for k, v in modes.items() if k in args.only.split(",")}
 
@@ -207,35 +235,47 @@ def main() -> int:
     cost = {"target_1": timed_forward(target, 1)}
     for n in range(2, max(args.k_ngram, args.k_draft, args.k_smol) + 2):
         cost[f"target_{n}"] = timed_forward(target, n)
+    cost["target_1"] = timed_forward(target, 1)  # again, now that the process is warm
     cost["draft_1"] = timed_forward(d05, 1)
     cost["smol_1"] = timed_forward(smol, 1)
     print("forward costs (s):", {k: round(v, 4) for k, v in cost.items()}, flush=True)
 
     engines = {"plain": SpecEngine(target)}
     engines.update({name: SpecEngine(target, d, num_speculative_tokens=k) for name, (d, k, _) in modes.items()})
-    peer_kw = {"plain": {}}
+
+    # Two sets of peers. "stock": transformers as its users run it — the same weights loaded by
+    # from_pretrained with its defaults (fp32, dense nn.Linear, fp32 drafters); the issue's targets
+    # are against these. "same": transformers' generate() on *our* loaded models (packed target,
+    # int8 drafters), which isolates the decoding loop and the drafting policy from the weights.
+    peer_sets: dict[str, dict[str, tuple]] = {}
     if not args.no_peers:
-        if "ngram" in modes:
-            peer_kw["ngram"] = {"prompt_lookup_num_tokens": args.k_ngram}
-        if "draft" in modes:
-            peer_kw["draft"] = {"assistant_model": d05.model}
-        if "bridged" in modes or "text" in modes:
-            peer_kw["uag"] = {"assistant_model": smol.model, "tokenizer": hf_tokenizer(target.view),
-                              "assistant_tokenizer": hf_tokenizer(smol.view)}  # fmt: skip
-    else:
-        peer_kw = {}
+        st_t, st_d, st_s = stock_models(srcs)
+        tok_t, tok_s = hf_tokenizer(target.view), hf_tokenizer(smol.view)
+        for label, (tm_, dm_, sm_) in {"stock": (st_t, st_d, st_s), "same": (target.model, d05.model, smol.model)}.items():
+            peer_sets[label] = {
+                "plain": (tm_, {}),
+                "ngram": (tm_, {"prompt_lookup_num_tokens": args.k_ngram}),
+                "draft": (tm_, {"assistant_model": dm_}),
+                "uag": (tm_, {"assistant_model": sm_, "tokenizer": tok_t, "assistant_tokenizer": tok_s}),
+            }
+    peer_of = {"plain": "plain", "ngram": "ngram", "draft": "draft", "bridged": "uag", "text": "uag",
+               "ngram+bridged": "uag", "ngram+text": "uag"}  # fmt: skip
     runs = {name: Run(name) for name in engines}
-    hf = {name: Run(f"hf-{name}") for name in peer_kw}
-    # Every mode runs on a prompt before the next prompt: the VM's speed drifts, and interleaving
-    # spreads the drift over all modes instead of charging it to whichever ran last.
+    hf = {(label, key): Run(f"hf-{label}-{key}") for label, ps_ in peer_sets.items() for key in ps_}
+    # Every mode runs on a prompt before the next prompt, each followed by its peers: the VM's speed
+    # drifts, and interleaving spreads the drift instead of charging it to whichever ran last.
     for pname, prompt in ids.items():
+        done: set[str] = set()
         for name, engine in engines.items():
             ours(engine, runs[name], pname, prompt, params)
-        for name, kw in peer_kw.items():
-            peer(target, hf[name], pname, prompt, args.max_new_tokens, **kw)
-    peers = {k: v for k, v in hf.items() if k != "uag"}
-    if "uag" in hf:
-        peers["bridged"] = peers["text"] = hf["uag"]
+            key = peer_of.get(name)
+            if key in done or key is None:
+                continue
+            done.add(key)
+            for label, ps_ in peer_sets.items():
+                model, kw = ps_[key]
+                peer(target, model, hf[(label, key)], pname, prompt, args.max_new_tokens, **kw)
+    peers = {(label, m): hf[(label, peer_of[m])] for label in peer_sets for m in engines if (label, peer_of[m]) in hf}
 
     ttft = None
     if args.ttft:
@@ -255,32 +295,45 @@ def main() -> int:
         if name == "plain":
             ideal = 1.0
         else:
+            # What the decode would cost if only bare forwards took time: each verify forward at its
+            # measured size, plus the drafter's one-token forwards.
             drafter, k, dlm = modes[name]
-            n_verify = min(k, max(1, round(run.total("draft_tokens") / max(run.total("drafts"), 1)))) + 1
+            sizes: dict[int, int] = {}
+            for r in run.per_prompt.values():
+                for m, c in r["verify_sizes"].items():
+                    sizes[int(m)] = sizes.get(int(m), 0) + c
             c_draft = 0.0 if dlm is None else (cost["draft_1"] if dlm is d05 else cost["smol_1"])
-            per_step = cost[f"target_{n_verify}"] + run.total("drafter_forwards") / fwd * c_draft
-            ideal = tpf * cost["target_1"] / per_step
+            model_time = sum(c * cost[f"target_{m}"] for m, c in sizes.items()) + run.total("drafter_forwards") * c_draft
+            ideal = (gen - len(ids)) * cost["target_1"] / model_time
         measured = tps / plain_tps
-        p = peers.get(name)
-        peer_tps = (p.total("generated") - len(ids)) / p.total("decode_time") if p else float("nan")
+        def peer_tps(label):
+            p = peers.get((label, name))
+            return (p.total("generated") - len(ids)) / p.total("decode_time") if p else float("nan")
+
+        p = peers.get(("stock", name))
         rows.append({
-            "mode": name, "tokens_per_s": tps, "vs_plain": measured, "vs_peer": tps / peer_tps, "peer_tokens_per_s": peer_tps,
+            "mode": name, "tokens_per_s": tps, "vs_plain": measured,
+            "vs_peer": tps / peer_tps("stock"), "peer_tokens_per_s": peer_tps("stock"),
+            "vs_same_weights_peer": tps / peer_tps("same"), "same_weights_peer_tokens_per_s": peer_tps("same"),
             "acceptance_rate": acc, "tokens_per_target_forward": tpf,
             "target_forwards_per_128": 128 * fwd / (gen - len(ids)), "ideal_speedup": ideal,
             "efficiency": measured / ideal, "identical_to_plain": same,
-            "peer_identical_to_plain": (all(p.per_prompt[q]["tokens"] == plain.per_prompt[q]["tokens"] for q in ids) if p else None),
+            "stock_peer_identical_to_plain": (all(p.per_prompt[q]["tokens"] == plain.per_prompt[q]["tokens"] for q in ids) if p else None),
         })  # fmt: skip
 
-    hdr = f"{'mode':8s} {'tok/s':>6s} {'×plain':>7s} {'×peer':>7s} {'peer':>6s} {'accept':>7s} {'tok/fwd':>7s} {'fwd/128':>7s} {'ideal':>6s} {'effic':>6s}  identical"
+    hdr = (f"{'mode':13s} {'tok/s':>6s} {'×plain':>7s} {'×peer':>7s} {'peer':>6s} {'×same':>6s} {'same':>6s} {'accept':>7s} "
+           f"{'tok/fwd':>7s} {'fwd/128':>7s} {'ideal':>6s} {'effic':>6s}  identical")  # fmt: skip
     print("\n" + hdr)
     for r in rows:
-        print(f"{r['mode']:8s} {r['tokens_per_s']:6.2f} {r['vs_plain']:7.2f} {r['vs_peer']:7.2f} {r['peer_tokens_per_s']:6.2f} "
+        print(f"{r['mode']:13s} {r['tokens_per_s']:6.2f} {r['vs_plain']:7.2f} {r['vs_peer']:7.2f} {r['peer_tokens_per_s']:6.2f} "
+              f"{r['vs_same_weights_peer']:6.2f} {r['same_weights_peer_tokens_per_s']:6.2f} "
               f"{r['acceptance_rate']:7.2f} {r['tokens_per_target_forward']:7.2f} {r['target_forwards_per_128']:7.1f} "
               f"{r['ideal_speedup']:6.2f} {100 * r['efficiency']:5.0f}%  {'yes' if r['identical_to_plain'] else 'NO'}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "costs": cost, "ttft": ttft, "prompt_tokens": {k: len(v) for k, v in ids.items()},
                                          "args": {k: str(v) for k, v in vars(args).items()},
-                                         "per_prompt": {n: r.per_prompt for n, r in runs.items()}}, indent=1))  # fmt: skip
+                                         "per_prompt": {n: r.per_prompt for n, r in runs.items()},
+                                         "peers": {f"{k[0]}/{k[1]}": r.per_prompt for k, r in hf.items()}}, indent=1))  # fmt: skip
     return 0
 
 

@@ -46,20 +46,29 @@ class DrafterChoice:
     name: str  # the configuration's name, as typed ("smollm2-135m:bridged")
     drafter: str  # none | ngram | mtp | a model
     mode: str = "auto"  # for model drafters: auto | draft | bridged | text
+    ngram_first: bool = False  # "MODEL:ngram+MODE": prompt lookup first, the model otherwise
 
 
 def parse_drafters(text: str) -> list[DrafterChoice]:
-    """``none,ngram,MODEL[:MODE],...``; MODE is one of auto, draft, bridged, text."""
+    """``none,ngram,MODEL[:MODE],...``; MODE is one of auto, draft, bridged, text, optionally
+    prefixed ``ngram+`` (prompt lookup first, the model when it finds nothing).
+
+    >>> [(d.drafter, d.mode, d.ngram_first) for d in parse_drafters("none,smollm2-135m:ngram+text")]
+    [('none', 'auto', False), ('smollm2-135m', 'text', True)]
+    """
     out: list[DrafterChoice] = []
     for item in (s.strip() for s in text.split(",")):
         if not item:
             raise BenchError(f"--drafters {text!r} has an empty item; "
                              "write e.g. none,ngram,qwen2.5-coder-0.5b,smollm2-135m:text.")
         head, colon, tail = item.rpartition(":")
-        drafter, mode = (head, tail) if colon and head and tail in MODES else (item, "auto")
-        if mode != "auto" and drafter in ("none", "ngram", "mtp"):
+        hybrid = tail.startswith("ngram+") and tail[len("ngram+") :] in MODES
+        mode_part = tail[len("ngram+") :] if hybrid else tail
+        drafter, mode = (head, mode_part) if colon and head and mode_part in MODES else (item, "auto")
+        hybrid = hybrid and drafter == head
+        if (mode != "auto" or hybrid) and drafter in ("none", "ngram", "mtp"):
             raise BenchError(f"--drafters: {item}: a mode applies to model drafters only; write {drafter}.")
-        out.append(DrafterChoice(item, drafter, mode))
+        out.append(DrafterChoice(item, drafter, mode, hybrid))
     names = [d.name for d in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -87,7 +96,7 @@ class LaunchSettings:
             raise BenchError("--launch inprocess runs the embedded engine; with --backend vllm use --launch subprocess.")
 
     def spec_for(self, d: DrafterChoice) -> EngineSpec:
-        return dataclasses.replace(self.base, drafter=d.drafter, mode=d.mode)
+        return dataclasses.replace(self.base, drafter=d.drafter, mode=d.mode, ngram_first=d.ngram_first or self.base.ngram_first)
 
 
 def vllm_usable() -> bool:

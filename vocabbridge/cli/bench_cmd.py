@@ -91,7 +91,8 @@ def _command_line() -> str | None:
 @click.option("--url", "urls", multiple=True, metavar="URL", help="A running OpenAI-compatible server (ours or vLLM); repeatable.")
 @click.option("--name", "names", multiple=True, help="A name for each --url, in order. [default: host:port]")
 @click.option("--target", metavar="MODEL", help="The target every started configuration serves (preset, folder, .gguf, hub id).")
-@click.option("--drafters", metavar="LIST", help="Configurations to start in turn: none,ngram,MODEL[:draft|bridged|text],...")
+@click.option("--drafters", metavar="LIST",
+              help="Configurations to start in turn: none,ngram,MODEL[:[ngram+]draft|bridged|text],...")  # fmt: skip
 @click.option("--backend", type=click.Choice(["auto", "embedded", "vllm"]), default="auto", show_default=True,
               help="As `vocabbridge serve --backend`.")  # fmt: skip
 @click.option("--launch", type=click.Choice(["auto", "inprocess", "subprocess"]), default="auto", show_default=True,
@@ -100,7 +101,13 @@ def _command_line() -> str | None:
 @click.option("-k", "--num-speculative-tokens", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--prompt-lookup-min", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--dtype", default="auto", show_default=True, help="Model dtype for started configurations.")
+@click.option("--min-confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+              help="As `vocabbridge serve --min-confidence` (model drafters).")  # fmt: skip
+@click.option("--adaptive-k/--fixed-k", default=False, show_default=True, help="As `vocabbridge serve --adaptive-k`.")
+@click.option("--ngram-first/--no-ngram-first", default=False, show_default=True,
+              help="Model drafters try prompt lookup first (per configuration: MODEL:ngram+MODE).")  # fmt: skip
+@click.option("--dtype", default="auto", show_default=True, help="Target dtype for started configurations.")
+@click.option("--drafter-dtype", default="auto", show_default=True, help="Drafter dtype (auto: int8 weights on CPU).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(1), help="Requests a started server generates at once.")
 @click.option("--startup-timeout", default=1200.0, show_default=True, type=click.FloatRange(1),
@@ -123,7 +130,7 @@ def _command_line() -> str | None:
               help="Write results.json, report.md and the PNG plots here.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (tables are not printed).")
 def bench_cmd(urls, names, target, drafters, backend, launch, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-              dtype, device, max_num_seqs, startup_timeout, prompts_file, categories, prompt_ids, thinking, max_tokens, repeats,
+              min_confidence, adaptive_k, ngram_first, dtype, drafter_dtype, device, max_num_seqs, startup_timeout, prompts_file, categories, prompt_ids, thinking, max_tokens, repeats,
               temperature, concurrency, warmup, baseline, api_key, request_timeout, out_dir, as_json):  # fmt: skip
     """Compare drafting configurations on the same server hardware, the way the EXAONE study did.
 
@@ -160,7 +167,8 @@ def bench_cmd(urls, names, target, drafters, backend, launch, num_speculative_to
             result = bench_urls(endpoints, prompts, settings, api_key=api_key, progress=progress)
         else:
             base = EngineSpec(target=target, num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
-                              prompt_lookup_max=prompt_lookup_max, dtype=dtype, device=device)  # fmt: skip
+                              prompt_lookup_max=prompt_lookup_max, min_confidence=min_confidence, adaptive_k=adaptive_k,
+                              ngram_first=ngram_first, dtype=dtype, drafter_dtype=drafter_dtype, device=device)  # fmt: skip
             ls = LaunchSettings(base, backend=backend, launch=launch, startup_timeout=startup_timeout, max_num_seqs=max_num_seqs)
             result = bench_launched(parse_drafters(drafters), ls, prompts, settings, progress=progress)
     if out_dir is not None:

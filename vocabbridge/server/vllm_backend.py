@@ -140,8 +140,11 @@ def vllm_command(spec, *, host: str = "127.0.0.1", port: int = 8000, served_mode
     if cfg is not None:
         argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
     argv += list(extra_args)
-    if spec.adaptive_k or spec.min_confidence:
-        notes.append("--adaptive-k/--min-confidence apply to the embedded engine only")
+    engine_only = [flag for flag, on in (("--adaptive-k", spec.adaptive_k), ("--min-confidence", spec.min_confidence),
+                                         ("--ngram-first", spec.ngram_first), ("--drafter-dtype", spec.drafter_dtype != "auto"))
+                   if on]  # fmt: skip
+    if engine_only:
+        notes.append(f"{'/'.join(engine_only)} apply to the embedded engine only")
     env = {"VLLM_API_KEY": api_key} if api_key else {}
     return VllmCommand(argv, name, cfg, env, notes)
 
