@@ -247,7 +247,7 @@ def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
     from vocabbridge.cli.serve_cmd import serve_cmd
 
     changed = {"mode": "text", "map_path": "m.json", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
-               "adaptive_k": True, "min_confidence": 0.5, "dtype": "float32", "drafter_dtype": "int8", "device": "cpu"}  # fmt: skip
+               "adaptive_k": True, "min_confidence": 0.5, "ngram_first": True, "dtype": "float32", "drafter_dtype": "int8", "device": "cpu"}  # fmt: skip
     fields = {f.name for f in dataclasses.fields(EngineSpec)} - set(NOT_SERVE_OPTIONS)
     assert fields <= set(changed), f"a new EngineSpec field to pass to serve: {fields - set(changed)}"
     spec = EngineSpec(target="t", drafter="d", **{k: v for k, v in changed.items() if k in fields})
@@ -255,7 +255,7 @@ def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
     known = {o for p in serve_cmd.params for o in p.opts}
     flags = [a for a in argv[1:] if a.startswith("-")]
     assert len(flags) == len(fields) + 2 + 4 and set(flags) <= known, set(flags) - known
-    assert argv[argv.index("-k") + 1] == "3" and "--adaptive-k" in argv
+    assert argv[argv.index("-k") + 1] == "3" and "--adaptive-k" in argv and "--ngram-first" in argv
 
 
 def test_drafter_lists_and_settings_are_checked():
