@@ -107,3 +107,13 @@ def test_vllm_map_round_trips_too(tmp_path, base_view, extended_view):
     back = load_map(tmp_path / "v.json", drafter=base_view, target=extended_view)
     assert back.mode == "vllm" and back.stats.space_markers == {"drafter": ["Ġ"], "target": ["Ġ"]}
     assert np.array_equal(back.target_to_draft, tm.target_to_draft) and back.input_bridge == tm.input_bridge
+
+
+def test_saved_map_is_readable_like_any_written_file(saved):
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    _, path = saved
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600

@@ -8,11 +8,18 @@ from pathlib import Path
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file + rename: never a half-written file."""
+    """Write ``text`` to ``path`` through a temp file + rename: never a half-written file.
+
+    The file gets the permissions a plain ``open(path, "w")`` would give it (mkstemp's are 0600,
+    which would hide a map or a report from a server running as another user).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
