@@ -279,3 +279,13 @@ def test_an_unreachable_url_fails_before_anything_runs(servers):
     r = CliRunner().invoke(main, ["bench", "--url", servers["none"].url, "--url", "http://127.0.0.1:9", "--max-tokens", "2"])
     assert r.exit_code == 1
     assert r.output.startswith("Error: http://127.0.0.1:9 is not reachable") and "is the server running" in r.output
+
+
+def test_report_names_the_ngram_first_hybrid():
+    from types import SimpleNamespace
+
+    from vocabbridge.bench.report import _launch
+
+    la = {"drafter": "smollm2-135m", "mode": "bridged", "ngram_first": True, "num_speculative_tokens": 6}
+    assert _launch(SimpleNamespace(endpoint=SimpleNamespace(launch=la, url="u"))) == (
+        "drafter smollm2-135m, mode bridged, n-gram first, k=6")

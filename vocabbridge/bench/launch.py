@@ -185,8 +185,8 @@ def subprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str) -> Ite
                 raise LaunchError(f"{name}: {url}/health did not answer 200 within {ls.startup_timeout:.0f} s "
                                   f"(--startup-timeout to wait longer); its last lines ({log}):\n{_tail(log)}")  # fmt: skip
             time.sleep(0.5)
-        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "num_speculative_tokens":
-                  spec.num_speculative_tokens, "backend": ls.backend, "launch": "subprocess", "command": argv[3:],
+        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "ngram_first": spec.ngram_first,
+                  "num_speculative_tokens": spec.num_speculative_tokens, "backend": ls.backend, "launch": "subprocess", "command": argv[3:],
                   "startup_seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
         yield Endpoint(name, url, launch)
     except BaseException:
@@ -221,7 +221,7 @@ def inprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded:
     load_s = time.perf_counter() - t0
     kw = {"max_num_seqs": ls.max_num_seqs} if ls.max_num_seqs else {}
     with serve_in_thread(built, host=HOST, port=0, **kw) as handle:
-        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "running": built.mode,
+        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "ngram_first": spec.ngram_first, "running": built.mode,
                   "num_speculative_tokens": spec.num_speculative_tokens, "backend": "embedded", "launch": "inprocess",
                   "engine": built.describe(), "load_seconds": round(load_s, 2)}  # fmt: skip
         yield Endpoint(name, handle.url, launch)

@@ -39,6 +39,8 @@ def _launch(c: ConfigResult) -> str:
     parts = [f"drafter {la.get('drafter', '?')}"]
     if la.get("mode") not in (None, "auto", "none", "ngram"):
         parts.append(f"mode {la['mode']}")
+    if la.get("ngram_first"):
+        parts.append("n-gram first")
     if la.get("num_speculative_tokens") and la.get("drafter") != "none":
         parts.append(f"k={la['num_speculative_tokens']}")
     return ", ".join(parts)
