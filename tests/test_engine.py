@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from vocabbridge.engine import DraftModelDrafter, NgramDrafter, SamplingParams, SpecEngine, TextDrafter
+from vocabbridge.engine.drafters.base import Drafter, DraftSession, Proposal
 from vocabbridge.engine.verify import verify
 from vocabbridge.errors import RequestError
 
@@ -178,3 +179,61 @@ def test_sampled_generations_follow_the_target_distribution(tiny):
     tv = 0.5 * sum(abs(a[k] - b[k]) for k in keys) / n
     assert len(keys) > 3  # a real distribution, not a point mass
     assert tv < 0.15, (tv, a.most_common(5), b.most_common(5))
+
+
+class _Wrong(DraftSession):
+    """Runs a "model" (``cost`` forwards per draft) and proposes a token the target never picks next."""
+
+    def __init__(self, plain_tokens, prompt_len, cost):
+        self.plain, self.n0, self.cost = plain_tokens, prompt_len, cost
+
+    def propose(self, context, k, params, generator):
+        self.forwards += self.cost
+        i = len(context) - self.n0  # index of the next output token
+        wrong = [(self.plain[i] + 1) % 50] if i < len(self.plain) else []
+        return Proposal(wrong)
+
+
+class _WrongDrafter(Drafter):
+    name = "wrong"
+
+    def __init__(self, plain_tokens, prompt_len, cost=2):
+        self.plain, self.n0, self.cost = plain_tokens, prompt_len, cost
+
+    def session(self, prompt):
+        return _Wrong(self.plain, self.n0, self.cost)
+
+
+@pytest.mark.parametrize("backoff", [True, False])
+def test_a_drafter_that_keeps_missing_backs_off_and_output_is_unchanged(tiny, plain, backoff):
+    t = tiny["target"]
+    p = PROMPTS[1]
+    ids = t.view.encode(p)
+    engine = SpecEngine(t, _WrongDrafter(plain[p], len(ids)), num_speculative_tokens=1, backoff=backoff)
+    r = engine.generate(ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
+    assert r.tokens == plain[p] and r.stats.accepted == 0
+    steps = 46  # decode steps with room for a draft: not the prefill's token, not the last one
+    if backoff:
+        # misses 1-3, skip 1, miss, skip 2, miss, skip 4, miss, skip 8, miss, skip 16, miss, skip 16 (capped) …
+        assert r.stats.skipped_drafts > 30 and r.stats.drafter_forwards // 2 + r.stats.skipped_drafts in (steps, steps + 1)
+        assert r.stats.drafter_forwards // 2 <= 12
+    else:
+        assert r.stats.skipped_drafts == 0 and r.stats.drafter_forwards // 2 == steps
+
+
+def test_cheap_misses_do_not_back_off(tiny, plain):
+    """A draft the confidence gate stopped after one forward costs little: no back-off for it."""
+    t = tiny["target"]
+    p = PROMPTS[1]
+    ids = t.view.encode(p)
+    r = SpecEngine(t, _WrongDrafter(plain[p], len(ids), cost=1), num_speculative_tokens=1).generate(
+        ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
+    assert r.tokens == plain[p] and r.stats.skipped_drafts == 0
+
+
+def test_free_proposals_never_back_off(tiny):
+    t = tiny["target"]
+    ids = t.view.encode(PROMPTS[2])
+    r = SpecEngine(t, NgramDrafter(prompt_lookup_min=1, prompt_lookup_max=3), num_speculative_tokens=3).generate(
+        ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
+    assert r.stats.skipped_drafts == 0

@@ -22,6 +22,7 @@ def _stats_section(stats, title="Speculative decoding"):
         ["target forwards (prefill incl.)", fmt_int(s.target_forwards)],
         ["tokens per target forward", fmt_float(s.tokens_per_target_forward)],
         ["drafter forwards", fmt_int(s.drafter_forwards)],
+        ["steps without drafting (back-off)", fmt_int(s.skipped_drafts)],
         ["time to first token", f"{s.ttft:.2f} s"],
         ["time: draft / verify / other", f"{s.time_draft:.2f} / {s.time_verify:.2f} / {s.time_other:.2f} s"],
         ["tokens/s (decode)", fmt_float(s.decode_tokens_per_second)],

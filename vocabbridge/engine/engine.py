@@ -11,6 +11,15 @@
 ``k`` adapts per request when ``adaptive_k`` is on: +1 after a fully accepted draft, −1 after a
 draft rejected at its first token (bounded to [1, k_max]); a wasted draft position costs a
 drafter forward, and on a CPU that is not free.
+
+A drafter that keeps missing backs off (``backoff``, on by default): after ``BACKOFF_AFTER``
+steps in a row where it ran its model more than once and nothing was accepted, the engine skips drafting for
+1, 2, 4, … (at most ``BACKOFF_MAX``) steps, and any accepted token resets it. A weak drafter on
+text it cannot predict (SmolLM2 on Korean for a coder target) then costs almost nothing instead
+of several drafter forwards every step. A draft that stopped after one forward (the confidence
+gate said no at once) is cheap and does not count, so a good gated drafter is not cut off; free
+proposals (n-gram lookup) never back off. Skipping
+a draft only changes what is proposed, never what is emitted.
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ from .model import CausalLM
 from .sampling import SamplingParams, logits_to_probs, sample
 from .stats import SpecStats
 from .verify import verify
+
+BACKOFF_AFTER = 3  # consecutive costly misses before the first skipped step
+BACKOFF_MAX = 16  # most steps skipped in a row
 
 
 @dataclass
@@ -56,6 +68,7 @@ class SpecEngine:
         num_speculative_tokens: int = 4,
         adaptive_k: bool = False,
         k_max: int | None = None,
+        backoff: bool = True,
     ):
         if num_speculative_tokens < 1:
             raise RequestError(f"num_speculative_tokens must be ≥ 1, got {num_speculative_tokens}.")
@@ -64,6 +77,7 @@ class SpecEngine:
         self.k = num_speculative_tokens
         self.adaptive_k = adaptive_k
         self.k_max = k_max or max(2 * num_speculative_tokens, num_speculative_tokens)
+        self.backoff = backoff
         roles = target.view.roles
         self.eos_ids = frozenset(roles[r] for r in ("eos", "end_of_turn") if r in roles)
 
@@ -98,12 +112,19 @@ class SpecEngine:
 
         session = self.drafter.session(prompt)
         k = self.k
+        misses = skip = 0  # back-off state (see the module docstring)
         try:
             while True:
                 context = prompt + out
                 budget = params.max_new_tokens - len(out)
                 t1 = time.perf_counter()
-                proposal = session.propose(context, min(k, budget - 1), params, gen) if budget > 1 else None
+                forwards_before = getattr(session, "forwards", 0)
+                if skip:
+                    skip, proposal = skip - 1, None
+                    stats.skipped_drafts += 1
+                else:
+                    proposal = session.propose(context, min(k, budget - 1), params, gen) if budget > 1 else None
+                costly = getattr(session, "forwards", 0) - forwards_before > 1
                 draft = proposal.tokens if proposal else []
                 t2 = time.perf_counter()
                 stats.time_draft += t2 - t1
@@ -115,6 +136,12 @@ class SpecEngine:
                 target.truncate(before + 1 + n_acc)  # roll back the rejected draft tokens
                 stats.time_verify += time.perf_counter() - t2
                 stats.observe_draft(len(draft), n_acc)
+                if n_acc:
+                    misses = 0
+                elif costly and self.backoff:
+                    misses += 1
+                    if misses >= BACKOFF_AFTER:
+                        skip = min(BACKOFF_MAX, 2 ** (misses - BACKOFF_AFTER))
                 if self.adaptive_k and draft:
                     k = min(self.k_max, k + 1) if n_acc == len(draft) else max(1, k - 1) if n_acc == 0 else k
 

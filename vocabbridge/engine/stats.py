@@ -22,6 +22,7 @@ class SpecStats:
     verify_sizes: dict[int, int] = field(default_factory=dict)  # tokens fed per decode forward → count
     target_forwards: int = 0  # prefill included
     drafter_forwards: int = 0
+    skipped_drafts: int = 0  # steps the drafter sat out while backing off after repeated misses
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0
@@ -71,7 +72,7 @@ class SpecStats:
         """Sum of two stats (for aggregates over requests)."""
         out = SpecStats()
         for f in ("prompt_tokens", "generated", "drafts", "draft_tokens", "accepted", "target_forwards",
-                  "drafter_forwards", "time_prefill", "time_draft", "time_verify", "time_total", "ttft"):  # fmt: skip
+                  "drafter_forwards", "skipped_drafts", "time_prefill", "time_draft", "time_verify", "time_total", "ttft"):  # fmt: skip
             setattr(out, f, getattr(self, f) + getattr(other, f))
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
