@@ -13,13 +13,13 @@ draft rejected at its first token (bounded to [1, k_max]); a wasted draft positi
 drafter forward, and on a CPU that is not free.
 
 A drafter that keeps missing backs off (``backoff``, on by default): after ``BACKOFF_AFTER``
-steps in a row where it ran its model more than once and nothing was accepted, the engine skips drafting for
-1, 2, 4, … (at most ``BACKOFF_MAX``) steps, and any accepted token resets it. A weak drafter on
-text it cannot predict (SmolLM2 on Korean for a coder target) then costs almost nothing instead
-of several drafter forwards every step. A draft that stopped after one forward (the confidence
-gate said no at once) is cheap and does not count, so a good gated drafter is not cut off; free
-proposals (n-gram lookup) never back off. Skipping
-a draft only changes what is proposed, never what is emitted.
+steps in a row where it ran its model more than once and nothing was accepted, the engine skips
+drafting for 1, 2, 4, … (at most ``BACKOFF_MAX``) steps, and any accepted token resets it. A
+weak drafter on text it cannot predict (SmolLM2 on Korean for a coder target) then costs almost
+nothing instead of several drafter forwards every step. A draft that stopped after one forward
+(the confidence gate said no at once) is cheap and does not count, so a good gated drafter is
+not cut off; free proposals (n-gram lookup) never back off. Skipping a draft only changes what
+is proposed, never what is emitted.
 """
 
 from __future__ import annotations
@@ -118,13 +118,13 @@ class SpecEngine:
                 context = prompt + out
                 budget = params.max_new_tokens - len(out)
                 t1 = time.perf_counter()
-                forwards_before = getattr(session, "forwards", 0)
+                forwards_before = session.forwards
                 if skip:
                     skip, proposal = skip - 1, None
                     stats.skipped_drafts += 1
                 else:
                     proposal = session.propose(context, min(k, budget - 1), params, gen) if budget > 1 else None
-                costly = getattr(session, "forwards", 0) - forwards_before > 1
+                costly = session.forwards - forwards_before > 1
                 draft = proposal.tokens if proposal else []
                 t2 = time.perf_counter()
                 stats.time_draft += t2 - t1
@@ -164,7 +164,7 @@ class SpecEngine:
                     return
                 yield StepOutput(emitted)
         finally:
-            stats.drafter_forwards = getattr(session, "forwards", 0)
+            stats.drafter_forwards = session.forwards
             if not stats.time_total:
                 stats.time_total = time.perf_counter() - t0
 
