@@ -50,8 +50,10 @@ def main() -> int:
         "draft": DraftModelDrafter(d05, target_vocab_size=V, target_view=target.view, min_confidence=0.3),
     }
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    print(f"{'prompt':13s} {'mode':8s} {'on tok/s':>9s} {'off tok/s':>9s} {'on/off':>7s} {'fwd on':>7s} {'fwd off':>7s} "
-          f"{'skipped':>7s} {'acc on':>7s} {'acc off':>7s}  identical")  # fmt: skip
+    print(
+        f"{'prompt':13s} {'mode':8s} {'on tok/s':>9s} {'off tok/s':>9s} {'on/off':>7s} {'fwd on':>7s} {'fwd off':>7s} "
+        f"{'skipped':>7s} {'acc on':>7s} {'acc off':>7s}  identical"
+    )
     for name, text in prompts().items():
         if name not in args.prompts.split(","):
             continue
@@ -62,10 +64,13 @@ def main() -> int:
             r_on = SpecEngine(target, d, num_speculative_tokens=args.k).generate(ids, params)
             same = r_on.tokens == plain.tokens == off.tokens
             a, b = r_on.stats, off.stats
-            print(f"{name:13s} {mode:8s} {a.decode_tokens_per_second:9.2f} {b.decode_tokens_per_second:9.2f} "
-                  f"{a.decode_tokens_per_second / b.decode_tokens_per_second:7.2f} {a.drafter_forwards:7d} "
-                  f"{b.drafter_forwards:7d} {a.skipped_drafts:7d} {a.acceptance_rate:7.2f} {b.acceptance_rate:7.2f}  "
-                  f"{'yes' if same else 'NO'}", flush=True)  # fmt: skip
+            print(
+                f"{name:13s} {mode:8s} {a.decode_tokens_per_second:9.2f} {b.decode_tokens_per_second:9.2f} "
+                f"{a.decode_tokens_per_second / b.decode_tokens_per_second:7.2f} {a.drafter_forwards:7d} "
+                f"{b.drafter_forwards:7d} {a.skipped_drafts:7d} {a.acceptance_rate:7.2f} {b.acceptance_rate:7.2f}  "
+                f"{'yes' if same else 'NO'}",
+                flush=True,
+            )
         print(f"{name:13s} plain    {plain.stats.decode_tokens_per_second:9.2f}", flush=True)
     return 0
 

@@ -44,7 +44,13 @@ sys.path.insert(0, str(ROOT))
 
 from vocabbridge.chat import chat_prompt_ids  # noqa: E402
 from vocabbridge.engine import (  # noqa: E402
-    BridgedDrafter, DraftModelDrafter, NgramDrafter, SamplingParams, SpecEngine, TextDrafter, load_causal_lm,
+    BridgedDrafter,
+    DraftModelDrafter,
+    NgramDrafter,
+    SamplingParams,
+    SpecEngine,
+    TextDrafter,
+    load_causal_lm,
 )
 from vocabbridge.engine.drafters import NgramFirstDrafter  # noqa: E402
 from vocabbridge.mapping import build_token_map  # noqa: E402
@@ -92,14 +98,24 @@ def ours(engine: SpecEngine, run: Run, name: str, prompt: list[int], params: Sam
     r = engine.generate(prompt, params)
     s = r.stats
     run.per_prompt[name] = {
-        "tokens": r.tokens, "generated": s.generated, "decode_time": s.time_total - s.ttft, "ttft": s.ttft,
-        "drafts": s.drafts, "draft_tokens": s.draft_tokens, "accepted": s.accepted,
-        "target_forwards": s.target_forwards, "drafter_forwards": s.drafter_forwards,
-        "time_draft": s.time_draft, "time_verify": s.time_verify, "verify_sizes": s.verify_sizes,
-    }  # fmt: skip
+        "tokens": r.tokens,
+        "generated": s.generated,
+        "decode_time": s.time_total - s.ttft,
+        "ttft": s.ttft,
+        "drafts": s.drafts,
+        "draft_tokens": s.draft_tokens,
+        "accepted": s.accepted,
+        "target_forwards": s.target_forwards,
+        "drafter_forwards": s.drafter_forwards,
+        "time_draft": s.time_draft,
+        "time_verify": s.time_verify,
+        "verify_sizes": s.verify_sizes,
+    }
     acc = s.acceptance_rate if s.draft_tokens else float("nan")
-    print(f"  {run.mode:13s} {name:16s} {s.generated:4d} tok  {(s.generated - 1) / max(s.time_total - s.ttft, 1e-9):6.2f} tok/s  acc {acc:.2f}",
-          flush=True)  # fmt: skip
+    print(
+        f"  {run.mode:13s} {name:16s} {s.generated:4d} tok  {(s.generated - 1) / max(s.time_total - s.ttft, 1e-9):6.2f} tok/s  acc {acc:.2f}",
+        flush=True,
+    )
 
 
 class _FirstToken:
@@ -148,9 +164,15 @@ def peer(target, model, run: Run, name: str, prompt: list[int], max_new: int, **
     x = torch.tensor([prompt])
     t0 = time.perf_counter()
     out = model.generate(
-        x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
-        pad_token_id=eos[0], streamer=streamer, **kw,
-    )  # fmt: skip
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
+        streamer=streamer,
+        **kw,
+    )
     t1 = time.perf_counter()
     gen = out[0, len(prompt) :].tolist()
     first = streamer.first or t0
@@ -162,8 +184,10 @@ def ttft_experiment(target, drafter_lm, drafter, tokens: int = 2000) -> dict:
     """Time to first token on a ~``tokens``-token prompt, without and with a drafter, and what
     the drafter's prefill costs when it computes logits for the last position only (ours) vs
     for every prompt position (what a naive prefill does)."""
-    text = "\n\n".join((TEXTS / f).read_text(encoding="utf-8") for f in
-                        ("code.txt", "english_prose.txt", "english_chat.txt", "korean_prose.txt", "korean_chat.txt"))  # fmt: skip
+    text = "\n\n".join(
+        (TEXTS / f).read_text(encoding="utf-8")
+        for f in ("code.txt", "english_prose.txt", "english_chat.txt", "korean_prose.txt", "korean_chat.txt")
+    )
     ids = target.view.encode(text)[:tokens]
     one = SamplingParams(max_new_tokens=2)
     out = {"prompt_tokens": len(ids)}
@@ -172,7 +196,7 @@ def ttft_experiment(target, drafter_lm, drafter, tokens: int = 2000) -> dict:
     r = SpecEngine(target, drafter, num_speculative_tokens=4).generate(ids, one)
     out["ttft_with_drafter"] = r.stats.ttft
     out["second_token_with_drafter"] = r.stats.time_total - r.stats.ttft  # includes the drafter's lazy prefill
-    dids = drafter_lm.view.encode(text)[: tokens]
+    dids = drafter_lm.view.encode(text)[:tokens]
     for keep, key in ((1, "drafter_prefill_last_logits"), (len(dids), "drafter_prefill_all_logits")):
         t = time.perf_counter()
         drafter_lm.session().extend(dids, keep=keep)
@@ -202,8 +226,10 @@ def main() -> int:
     srcs = {n: resolve_model(n) for n in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")}
     for n, s in srcs.items():
         if not Path(s).is_file():
-            print(f"{n}: {s} not found locally; run ../shared/tools/fetch-models.sh DIR and set VOCABBRIDGE_MODELS=DIR",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{n}: {s} not found locally; run ../shared/tools/fetch-models.sh DIR and set VOCABBRIDGE_MODELS=DIR",
+                file=sys.stderr,
+            )
             return 2
     t = time.perf_counter()
     target = load_causal_lm(srcs["qwen2.5-coder-1.5b"], dtype=args.dtype)
@@ -221,13 +247,25 @@ def main() -> int:
     cs = args.conf_smol
     modes = {
         "ngram": (NgramDrafter(prompt_lookup_min=1, prompt_lookup_max=4), args.k_ngram, None),
-        "draft": (DraftModelDrafter(d05, target_vocab_size=V, target_view=target.view, min_confidence=args.conf_draft), args.k_draft, d05),
+        "draft": (
+            DraftModelDrafter(d05, target_vocab_size=V, target_view=target.view, min_confidence=args.conf_draft),
+            args.k_draft,
+            d05,
+        ),
         "bridged": (BridgedDrafter(smol, tm, target_vocab_size=V, min_confidence=cs), args.k_smol, smol),
         "text": (TextDrafter(smol, target.view, target_vocab_size=V, min_confidence=cs), args.k_smol, smol),
     }
     if not args.no_hybrids:  # prompt lookup first, SmolLM2 when it finds nothing
-        modes["ngram+bridged"] = (NgramFirstDrafter(BridgedDrafter(smol, tm, target_vocab_size=V, min_confidence=cs)), args.k_smol, smol)
-        modes["ngram+text"] = (NgramFirstDrafter(TextDrafter(smol, target.view, target_vocab_size=V, min_confidence=cs)), args.k_smol, smol)
+        modes["ngram+bridged"] = (
+            NgramFirstDrafter(BridgedDrafter(smol, tm, target_vocab_size=V, min_confidence=cs)),
+            args.k_smol,
+            smol,
+        )
+        modes["ngram+text"] = (
+            NgramFirstDrafter(TextDrafter(smol, target.view, target_vocab_size=V, min_confidence=cs)),
+            args.k_smol,
+            smol,
+        )
     if args.only:
         modes = {k: v for k, v in modes.items() if k in args.only.split(",")}
 
@@ -258,8 +296,15 @@ def main() -> int:
                 "draft": (tm_, {"assistant_model": dm_}),
                 "uag": (tm_, {"assistant_model": sm_, "tokenizer": tok_t, "assistant_tokenizer": tok_s}),
             }
-    peer_of = {"plain": "plain", "ngram": "ngram", "draft": "draft", "bridged": "uag", "text": "uag",
-               "ngram+bridged": "uag", "ngram+text": "uag"}  # fmt: skip
+    peer_of = {
+        "plain": "plain",
+        "ngram": "ngram",
+        "draft": "draft",
+        "bridged": "uag",
+        "text": "uag",
+        "ngram+bridged": "uag",
+        "ngram+text": "uag",
+    }
     runs = {name: Run(name) for name in engines}
     hf = {(label, key): Run(f"hf-{label}-{key}") for label, ps_ in peer_sets.items() for key in ps_}
     # Every mode runs on a prompt before the next prompt, each followed by its peers: the VM's speed
@@ -279,7 +324,9 @@ def main() -> int:
 
     ttft = None
     if args.ttft:
-        ttft = ttft_experiment(target, d05, modes["draft"][0] if "draft" in modes else DraftModelDrafter(d05, target_vocab_size=V))
+        ttft = ttft_experiment(
+            target, d05, modes["draft"][0] if "draft" in modes else DraftModelDrafter(d05, target_vocab_size=V)
+        )
         print("TTFT on a long prompt:", {k: round(v, 3) for k, v in ttft.items()}, flush=True)
 
     plain = runs["plain"]
@@ -306,34 +353,60 @@ def main() -> int:
             model_time = sum(c * cost[f"target_{m}"] for m, c in sizes.items()) + run.total("drafter_forwards") * c_draft
             ideal = (gen - len(ids)) * cost["target_1"] / model_time
         measured = tps / plain_tps
+
         def peer_tps(label):
             p = peers.get((label, name))
             return (p.total("generated") - len(ids)) / p.total("decode_time") if p else float("nan")
 
         p = peers.get(("stock", name))
-        rows.append({
-            "mode": name, "tokens_per_s": tps, "vs_plain": measured,
-            "vs_peer": tps / peer_tps("stock"), "peer_tokens_per_s": peer_tps("stock"),
-            "vs_same_weights_peer": tps / peer_tps("same"), "same_weights_peer_tokens_per_s": peer_tps("same"),
-            "acceptance_rate": acc, "tokens_per_target_forward": tpf,
-            "target_forwards_per_128": 128 * fwd / (gen - len(ids)), "ideal_speedup": ideal,
-            "efficiency": measured / ideal, "identical_to_plain": same,
-            "stock_peer_identical_to_plain": (all(p.per_prompt[q]["tokens"] == plain.per_prompt[q]["tokens"] for q in ids) if p else None),
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": name,
+                "tokens_per_s": tps,
+                "vs_plain": measured,
+                "vs_peer": tps / peer_tps("stock"),
+                "peer_tokens_per_s": peer_tps("stock"),
+                "vs_same_weights_peer": tps / peer_tps("same"),
+                "same_weights_peer_tokens_per_s": peer_tps("same"),
+                "acceptance_rate": acc,
+                "tokens_per_target_forward": tpf,
+                "target_forwards_per_128": 128 * fwd / (gen - len(ids)),
+                "ideal_speedup": ideal,
+                "efficiency": measured / ideal,
+                "identical_to_plain": same,
+                "stock_peer_identical_to_plain": (
+                    all(p.per_prompt[q]["tokens"] == plain.per_prompt[q]["tokens"] for q in ids) if p else None
+                ),
+            }
+        )
 
-    hdr = (f"{'mode':13s} {'tok/s':>6s} {'×plain':>7s} {'×peer':>7s} {'peer':>6s} {'×same':>6s} {'same':>6s} {'accept':>7s} "
-           f"{'tok/fwd':>7s} {'fwd/128':>7s} {'ideal':>6s} {'effic':>6s}  identical")  # fmt: skip
+    hdr = (
+        f"{'mode':13s} {'tok/s':>6s} {'×plain':>7s} {'×peer':>7s} {'peer':>6s} {'×same':>6s} {'same':>6s} {'accept':>7s} "
+        f"{'tok/fwd':>7s} {'fwd/128':>7s} {'ideal':>6s} {'effic':>6s}  identical"
+    )
     print("\n" + hdr)
     for r in rows:
-        print(f"{r['mode']:13s} {r['tokens_per_s']:6.2f} {r['vs_plain']:7.2f} {r['vs_peer']:7.2f} {r['peer_tokens_per_s']:6.2f} "
-              f"{r['vs_same_weights_peer']:6.2f} {r['same_weights_peer_tokens_per_s']:6.2f} "
-              f"{r['acceptance_rate']:7.2f} {r['tokens_per_target_forward']:7.2f} {r['target_forwards_per_128']:7.1f} "
-              f"{r['ideal_speedup']:6.2f} {100 * r['efficiency']:5.0f}%  {'yes' if r['identical_to_plain'] else 'NO'}")  # fmt: skip
+        print(
+            f"{r['mode']:13s} {r['tokens_per_s']:6.2f} {r['vs_plain']:7.2f} {r['vs_peer']:7.2f} {r['peer_tokens_per_s']:6.2f} "
+            f"{r['vs_same_weights_peer']:6.2f} {r['same_weights_peer_tokens_per_s']:6.2f} "
+            f"{r['acceptance_rate']:7.2f} {r['tokens_per_target_forward']:7.2f} {r['target_forwards_per_128']:7.1f} "
+            f"{r['ideal_speedup']:6.2f} {100 * r['efficiency']:5.0f}%  {'yes' if r['identical_to_plain'] else 'NO'}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "costs": cost, "ttft": ttft, "prompt_tokens": {k: len(v) for k, v in ids.items()},
-                                         "args": {k: str(v) for k, v in vars(args).items()},
-                                         "per_prompt": {n: r.per_prompt for n, r in runs.items()},
-                                         "peers": {f"{k[0]}/{k[1]}": r.per_prompt for k, r in hf.items()}}, indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "costs": cost,
+                    "ttft": ttft,
+                    "prompt_tokens": {k: len(v) for k, v in ids.items()},
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "per_prompt": {n: r.per_prompt for n, r in runs.items()},
+                    "peers": {f"{k[0]}/{k[1]}": r.per_prompt for k, r in hf.items()},
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

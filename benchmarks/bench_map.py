@@ -74,8 +74,9 @@ def main() -> int:
             t_map.append(timed(lambda: holder.setdefault("tm", build_token_map(dv, tv))))
             t_bridge.append(timed(lambda: holder["tm"].input_bridge))
             t_vllm.append(timed(lambda: build_token_map(dv, tv, mode="vllm")))
-            t_peer.append(timed(lambda: AssistantToTargetTranslator(target_tokenizer=th, assistant_tokenizer=dh,
-                                                                    target_vocab_size=len(th))))  # fmt: skip
+            t_peer.append(
+                timed(lambda: AssistantToTargetTranslator(target_tokenizer=th, assistant_tokenizer=dh, target_vocab_size=len(th)))
+            )
         tm = holder["tm"]
         med = {k: statistics.median(v) for k, v in (("map", t_map), ("bridge", t_bridge), ("vllm", t_vllm), ("peer", t_peer))}
         rows.append((Path(drafter).name, Path(target).name, tm, med))
@@ -87,15 +88,19 @@ def main() -> int:
         print(f"  vocabbridge build_token_map (bytes)        : {m['map']:6.3f} s   ratio peer/ours {m['peer'] / m['map']:5.1f}×")
         print(f"  vocabbridge input bridge (first use)       : {m['bridge']:6.3f} s")
         print(f"  vocabbridge bytes map with bridge          : {total:6.3f} s   ratio peer/ours {m['peer'] / total:5.1f}×")
-        print(f"  vocabbridge build_token_map (vllm mode)    : {m['vllm']:6.3f} s   ratio peer/ours {m['peer'] / m['vllm']:5.1f}×")
+        print(
+            f"  vocabbridge build_token_map (vllm mode)    : {m['vllm']:6.3f} s   ratio peer/ours {m['peer'] / m['vllm']:5.1f}×"
+        )
         print(f"  peer: AssistantToTargetTranslator(...)     : {m['peer']:6.3f} s")
     worst_map = max(m["map"] for *_, m in rows)
     worst_ratio = min(m["peer"] / m["map"] for *_, m in rows)
     worst_total = max(m["map"] + m["bridge"] for *_, m in rows)
     ok = worst_map < 1 and worst_ratio >= 5
-    print(f"\ntarget (< 1 s and >= 5x the peer) on build_token_map: {'PASS' if ok else 'FAIL'} "
-          f"(slowest {worst_map:.3f} s, lowest ratio {worst_ratio:.1f}x); "
-          f"with the bridge: slowest {worst_total:.3f} s ({'under' if worst_total < 1 else 'over'} 1 s)")  # fmt: skip
+    print(
+        f"\ntarget (< 1 s and >= 5x the peer) on build_token_map: {'PASS' if ok else 'FAIL'} "
+        f"(slowest {worst_map:.3f} s, lowest ratio {worst_ratio:.1f}x); "
+        f"with the bridge: slowest {worst_total:.3f} s ({'under' if worst_total < 1 else 'over'} 1 s)"
+    )
     return 0
 
 

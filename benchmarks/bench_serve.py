@@ -149,11 +149,28 @@ def main() -> int:
     stats = SpecStats()
     for s in seq:
         stats = stats.merge(s["stats"])
-    rows = [{"level": "sequential, engine alone (peer)", "concurrency": 1, "wall": seq_wall, "results": seq,
-             "mean_acceptance_length": stats.mean_acceptance_length, "identical": True}]  # fmt: skip
+    rows = [
+        {
+            "level": "sequential, engine alone (peer)",
+            "concurrency": 1,
+            "wall": seq_wall,
+            "results": seq,
+            "mean_acceptance_length": stats.mean_acceptance_length,
+            "identical": True,
+        }
+    ]
 
-    bodies = [{"messages": m, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-               "return_token_ids": True} for m in messages]  # fmt: skip
+    bodies = [
+        {
+            "messages": m,
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+        }
+        for m in messages
+    ]
     with serve_in_thread(built, max_num_seqs=n) as srv:
         for c in args.concurrency:
             before = scrape(srv.url)
@@ -163,12 +180,21 @@ def main() -> int:
             drafts = d.get("vllm:spec_decode_num_drafts_total", 0)
             mal = 1 + d["vllm:spec_decode_num_accepted_tokens_total"] / drafts if drafts else float("nan")
             same = all(r["tokens"] == s["tokens"] for r, s in zip(level["results"], seq))
-            rows.append({"level": f"server, {c} concurrent client{'s' if c > 1 else ''}", "concurrency": c, **level,
-                         "mean_acceptance_length": mal, "identical": same})  # fmt: skip
+            rows.append(
+                {
+                    "level": f"server, {c} concurrent client{'s' if c > 1 else ''}",
+                    "concurrency": c,
+                    **level,
+                    "mean_acceptance_length": mal,
+                    "identical": same,
+                }
+            )
 
     total = sum(len(r["tokens"]) for r in seq)
-    print(f"\n{Path(args.target).name}, drafter {built.mode} (k={built.engine.k}), {n} requests × {args.max_tokens} tokens, "
-          f"greedy, {os.cpu_count()} CPU cores (shared: figures are approximate)\n")  # fmt: skip
+    print(
+        f"\n{Path(args.target).name}, drafter {built.mode} (k={built.engine.k}), {n} requests × {args.max_tokens} tokens, "
+        f"greedy, {os.cpu_count()} CPU cores (shared: figures are approximate)\n"
+    )
     head = f"{'':34} {'wall s':>7} {'tok/s':>7} {'× seq':>6} {'lat mean':>9} {'lat max':>8} {'ttft mean':>9} {'ttft max':>8} {'MAL':>5}  same tokens"
     print(head)
     out = []
@@ -177,15 +203,39 @@ def main() -> int:
         ttft = [x["ttft"] for x in r["results"]]
         tps = total / r["wall"]
         ratio = seq_wall / r["wall"]
-        print(f"{r['level']:34} {r['wall']:7.1f} {tps:7.2f} {ratio:6.2f} {statistics.mean(lat):9.2f} {max(lat):8.2f} "
-              f"{statistics.mean(ttft):9.2f} {max(ttft):8.2f} {r['mean_acceptance_length']:5.2f}  {'yes' if r['identical'] else 'NO'}")  # fmt: skip
-        out.append({"level": r["level"], "concurrency": r["concurrency"], "wall_s": r["wall"], "tokens_per_s": tps,
-                    "ratio_to_sequential": ratio, "latency_mean_s": statistics.mean(lat), "latency_max_s": max(lat),
-                    "ttft_mean_s": statistics.mean(ttft), "ttft_max_s": max(ttft),
-                    "mean_acceptance_length": r["mean_acceptance_length"], "identical_to_sequential": r["identical"]})  # fmt: skip
+        print(
+            f"{r['level']:34} {r['wall']:7.1f} {tps:7.2f} {ratio:6.2f} {statistics.mean(lat):9.2f} {max(lat):8.2f} "
+            f"{statistics.mean(ttft):9.2f} {max(ttft):8.2f} {r['mean_acceptance_length']:5.2f}  {'yes' if r['identical'] else 'NO'}"
+        )
+        out.append(
+            {
+                "level": r["level"],
+                "concurrency": r["concurrency"],
+                "wall_s": r["wall"],
+                "tokens_per_s": tps,
+                "ratio_to_sequential": ratio,
+                "latency_mean_s": statistics.mean(lat),
+                "latency_max_s": max(lat),
+                "ttft_mean_s": statistics.mean(ttft),
+                "ttft_max_s": max(ttft),
+                "mean_acceptance_length": r["mean_acceptance_length"],
+                "identical_to_sequential": r["identical"],
+            }
+        )
     if args.json:
-        args.json.write_text(json.dumps({"target": args.target, "drafter": built.mode, "k": built.engine.k, "requests": n,
-                                         "max_tokens": args.max_tokens, "levels": out}, indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "target": args.target,
+                    "drafter": built.mode,
+                    "k": built.engine.k,
+                    "requests": n,
+                    "max_tokens": args.max_tokens,
+                    "levels": out,
+                },
+                indent=2,
+            )
+        )
     return 0 if all(r["identical"] for r in rows) else 1
 
 

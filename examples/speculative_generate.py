@@ -12,8 +12,16 @@ from vocabbridge.chat import chat_prompt_ids
 from vocabbridge.engine import SamplingParams, SpecEngine
 from vocabbridge.engine.factory import EngineSpec, build_engine
 
-built = build_engine(EngineSpec(target="qwen2.5-coder-1.5b", drafter="smollm2-135m", mode="text",
-                                num_speculative_tokens=6, min_confidence=0.4, ngram_first=True))  # fmt: skip
+built = build_engine(
+    EngineSpec(
+        target="qwen2.5-coder-1.5b",
+        drafter="smollm2-135m",
+        mode="text",
+        num_speculative_tokens=6,
+        min_confidence=0.4,
+        ngram_first=True,
+    )
+)
 ids = chat_prompt_ids(built.target.view, [{"role": "user", "content": "Write a Python function that reverses a linked list."}])
 params = SamplingParams(max_new_tokens=96)
 
@@ -22,6 +30,8 @@ plain = SpecEngine(built.target).generate(ids, params)
 s = spec.stats
 print(spec.text)
 print(f"\nidentical to plain greedy: {spec.tokens == plain.tokens}")
-print(f"acceptance {s.acceptance_rate:.2f}, mean acceptance length {s.mean_acceptance_length:.2f}, "
-      f"{s.tokens_per_target_forward:.2f} tokens per target forward")  # fmt: skip
+print(
+    f"acceptance {s.acceptance_rate:.2f}, mean acceptance length {s.mean_acceptance_length:.2f}, "
+    f"{s.tokens_per_target_forward:.2f} tokens per target forward"
+)
 print(f"decode {s.decode_tokens_per_second:.2f} tok/s vs plain {plain.stats.decode_tokens_per_second:.2f} tok/s")

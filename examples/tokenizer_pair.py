@@ -30,19 +30,25 @@ def main(argv: list[str]) -> None:
         drafter, target = load_tokenizer(root / "base"), load_tokenizer(root / "extended")
 
     d = diff_tokenizers(drafter, target)
-    print(f"identical id prefix: {d.vocab.identical_prefix:,} ids; moved {d.vocab.moved:,}; "
-          f"only in the drafter {d.vocab.only_a:,}; only in the target {d.vocab.only_b:,}")  # fmt: skip
+    print(
+        f"identical id prefix: {d.vocab.identical_prefix:,} ids; moved {d.vocab.moved:,}; "
+        f"only in the drafter {d.vocab.only_a:,}; only in the target {d.vocab.only_b:,}"
+    )
     print(f"multi-word tokens: drafter {d.multiword.count_a:,}, target {d.multiword.count_b:,}")
     for row in d.specials.by_role:
-        print(f"  {row.role:14s} {row.id_a!s:>7} {row.content_a or '':18s} → {row.id_b!s:>7} {row.content_b or '':18s} {row.status}")
+        print(
+            f"  {row.role:14s} {row.id_a!s:>7} {row.content_a or '':18s} → {row.id_b!s:>7} {row.content_b or '':18s} {row.status}"
+        )
 
     for mode in ("vllm", "bytes"):
         tm = build_token_map(drafter, target, mode=mode)
         cov = compute_coverage(tm, drafter, target, texts=default_texts())
         total = cov.total_text()
-        print(f"{mode:5s}: {tm.pairs:,} pairs ({cov.pct_target:.1%} of the target vocabulary); "
-              f"{total.partnered / total.target_tokens:.1%} of the sample texts' target tokens have a partner; "
-              f"input bridge for {len(tm.input_bridge):,} target ids")  # fmt: skip
+        print(
+            f"{mode:5s}: {tm.pairs:,} pairs ({cov.pct_target:.1%} of the target vocabulary); "
+            f"{total.partnered / total.target_tokens:.1%} of the sample texts' target tokens have a partner; "
+            f"input bridge for {len(tm.input_bridge):,} target ids"
+        )
 
 
 if __name__ == "__main__":

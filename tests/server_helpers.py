@@ -88,8 +88,11 @@ def metrics(client: httpx.Client) -> dict[str, float]:
 
 
 def per_pos(m: dict[str, float]) -> list[float]:
-    items = sorted((int(k.split("position=")[1].rstrip("}")), v) for k, v in m.items()
-                   if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total"))  # fmt: skip
+    items = sorted(
+        (int(k.split("position=")[1].rstrip("}")), v)
+        for k, v in m.items()
+        if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")
+    )
     return [v for _, v in items]
 
 

@@ -11,13 +11,13 @@ from click.testing import CliRunner
 
 from vocabbridge.bench import BenchSettings, Endpoint, bench_urls, parse_prompts, write_outputs
 from vocabbridge.bench.client import BenchClient
+from vocabbridge.bench.counters import counter_delta
 from vocabbridge.bench.launch import LaunchSettings, bench_launched, parse_drafters
-from vocabbridge.bench.errors import BenchError
-from vocabbridge.bench.metrics import counter_delta
 from vocabbridge.bench.results import ConfigResult, Figures, RequestResult
 from vocabbridge.cli import main
 from vocabbridge.engine import SamplingParams
 from vocabbridge.engine.factory import EngineSpec, build_engine
+from vocabbridge.errors import BenchError
 from vocabbridge.report import to_json
 from vocabbridge.server import serve_in_thread
 
@@ -41,8 +41,10 @@ def _built(tiny, drafter: str):
 @pytest.fixture(scope="module")
 def servers(tiny):
     """Three real servers: no drafting, the target drafting for itself (all accepted), a small drafter."""
-    handles = {name: serve_in_thread(_built(tiny, d), max_num_seqs=4) for name, d in
-               (("none", "none"), ("self", "self"), ("draft", "draft"))}  # fmt: skip
+    handles = {
+        name: serve_in_thread(_built(tiny, d), max_num_seqs=4)
+        for name, d in (("none", "none"), ("self", "self"), ("draft", "draft"))
+    }
     yield handles
     for h in handles.values():
         h.stop()
@@ -118,7 +120,12 @@ def test_per_request_and_wave_deltas_add_up_to_the_whole_run(run):
             total = total + p
         t = totals[c.name]
         assert (total.drafts, total.draft_tokens, total.accepted, total.generation_tokens, total.requests) == (
-            t.drafts, t.draft_tokens, t.accepted, t.generation_tokens, t.requests)  # fmt: skip
+            t.drafts,
+            t.draft_tokens,
+            t.accepted,
+            t.generation_tokens,
+            t.requests,
+        )
         assert total.accepted_per_pos == t.accepted_per_pos
         assert t.requests == 1 + 4 + 1 + 3
 
@@ -133,11 +140,22 @@ def test_warmup_is_reported_but_not_averaged(run):
 
 def _request(total_time: float, phase: str = "measure") -> RequestResult:
     from vocabbridge.bench.client import Completion
-    from vocabbridge.bench.metrics import SpecDelta
+    from vocabbridge.bench.counters import SpecDelta
 
     comp = Completion(text="x", output_tokens=11, ttft=0.5, total_time=total_time, last_token_time=total_time)
-    return RequestResult("c", phase, "p", "chat", None, 0, 1, comp, SpecDelta(drafts=4, draft_tokens=8, accepted=6,
-                         accepted_per_pos=[4, 2], generation_tokens=11, requests=1, spec_counters=True))  # fmt: skip
+    return RequestResult(
+        "c",
+        phase,
+        "p",
+        "chat",
+        None,
+        0,
+        1,
+        comp,
+        SpecDelta(
+            drafts=4, draft_tokens=8, accepted=6, accepted_per_pos=[4, 2], generation_tokens=11, requests=1, spec_counters=True
+        ),
+    )
 
 
 def test_a_slow_warmup_does_not_move_the_averages():
@@ -162,7 +180,9 @@ def test_plots_and_reports_are_written(run, tmp_path):
         img = matplotlib.image.imread(png)
         assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 300
     md = written["markdown"].read_text(encoding="utf-8")
-    assert "### By configuration" in md and "![tokens_per_second](tokens_per_second.png)" in md and "vocabbridge bench --url" in md
+    assert (
+        "### By configuration" in md and "![tokens_per_second](tokens_per_second.png)" in md and "vocabbridge bench --url" in md
+    )
     assert json.loads(written["json"].read_text(encoding="utf-8"))["baseline"] == "none"
 
 
@@ -174,8 +194,11 @@ def test_a_server_without_metrics_is_measured_and_says_what_it_could_not(tiny, p
         h.app.router.routes[:] = [r for r in h.app.router.routes if getattr(r, "path", "") != "/metrics"]
         if page == "html":  # some servers answer every path with their web page
             h.app.add_api_route("/metrics", lambda: HTMLResponse("<html><body>hello</body></html>"))
-        res = bench_urls([Endpoint("plain", h.url)], parse_prompts(SUITE),
-                         BenchSettings(max_tokens=4, repeats=1, temperature=0, concurrency=(), warmup=False))  # fmt: skip
+        res = bench_urls(
+            [Endpoint("plain", h.url)],
+            parse_prompts(SUITE),
+            BenchSettings(max_tokens=4, repeats=1, temperature=0, concurrency=(), warmup=False),
+        )
     c = res.config("plain")
     assert not c.metrics_available and c.overall.decode_tokens_per_second > 0
     assert c.overall.acceptance_rate is None and c.overall.forwards_per_token is None
@@ -187,9 +210,34 @@ def test_a_server_without_metrics_is_measured_and_says_what_it_could_not(tiny, p
 def test_cli_against_running_servers(servers, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(SUITE, encoding="utf-8")
-    args = ["bench", "--url", servers["none"].url, "--name", "none", "--url", servers["self"].url + "/v1", "--name", "self",
-            "--prompts", str(f), "--categories", "code", "--max-tokens", "4", "--repeats", "1", "--concurrency", "2",
-            "--temperature", "0", "--thinking", "both", "--out", str(tmp_path / "out"), "--json"]  # fmt: skip
+    args = [
+        "bench",
+        "--url",
+        servers["none"].url,
+        "--name",
+        "none",
+        "--url",
+        servers["self"].url + "/v1",
+        "--name",
+        "self",
+        "--prompts",
+        str(f),
+        "--categories",
+        "code",
+        "--max-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--concurrency",
+        "2",
+        "--temperature",
+        "0",
+        "--thinking",
+        "both",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+    ]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
@@ -197,16 +245,40 @@ def test_cli_against_running_servers(servers, tmp_path):
     assert [(x["prompt_id"], x["thinking"]) for x in j["configs"][1]["by_prompt"]] == [("code", True), ("code", False)]
     assert j["settings"]["temperature"] == 0 and j["settings"]["concurrency"] == [2]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "acceptance_by_position.png", "report.md", "results.json", "throughput_concurrency.png", "tokens_per_second.png"]
+        "acceptance_by_position.png",
+        "report.md",
+        "results.json",
+        "throughput_concurrency.png",
+        "tokens_per_second.png",
+    ]
 
 
 def test_cli_starts_configurations_in_process_and_reports_one_that_fails(tiny, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(SUITE, encoding="utf-8")
     target = tiny["target"].source
-    args = ["bench", "--target", target, "--drafters", f"none,ngram,{tmp_path / 'no-such-model'}", "--backend", "embedded",
-            "--dtype", "float32", "--prompts", str(f), "--max-tokens", "4", "--repeats", "1", "--concurrency", "none",
-            "--no-warmup", "--temperature", "0"]  # fmt: skip
+    args = [
+        "bench",
+        "--target",
+        target,
+        "--drafters",
+        f"none,ngram,{tmp_path / 'no-such-model'}",
+        "--backend",
+        "embedded",
+        "--dtype",
+        "float32",
+        "--prompts",
+        str(f),
+        "--max-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--concurrency",
+        "none",
+        "--no-warmup",
+        "--temperature",
+        "0",
+    ]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 1
     last = r.output.strip().splitlines()[-1]
@@ -215,10 +287,15 @@ def test_cli_starts_configurations_in_process_and_reports_one_that_fails(tiny, t
 
 
 def test_subprocess_launch_serves_benches_and_stops(tiny):
-    ls = LaunchSettings(EngineSpec(target=tiny["target"].source, dtype="float32"), backend="embedded", launch="subprocess",
-                        startup_timeout=120)  # fmt: skip
-    res = bench_launched(parse_drafters("ngram"), ls, parse_prompts(SUITE)[:1],
-                         BenchSettings(max_tokens=4, repeats=1, temperature=0, concurrency=(), warmup=False))  # fmt: skip
+    ls = LaunchSettings(
+        EngineSpec(target=tiny["target"].source, dtype="float32"), backend="embedded", launch="subprocess", startup_timeout=120
+    )
+    res = bench_launched(
+        parse_drafters("ngram"),
+        ls,
+        parse_prompts(SUITE)[:1],
+        BenchSettings(max_tokens=4, repeats=1, temperature=0, concurrency=(), warmup=False),
+    )
     c = res.config("ngram")
     assert c.error is None and c.endpoint.launch["launch"] == "subprocess" and c.overall.requests == 1
     assert c.endpoint.launch["command"][:5] == ["serve", "--target", tiny["target"].source, "--drafter", "ngram"]
@@ -231,8 +308,9 @@ def test_subprocess_that_cannot_start_shows_its_last_lines(tmp_path, monkeypatch
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the server log it keeps for the message
-    ls = LaunchSettings(EngineSpec(target=str(tmp_path / "missing-model")), backend="embedded", launch="subprocess",
-                        startup_timeout=120)  # fmt: skip
+    ls = LaunchSettings(
+        EngineSpec(target=str(tmp_path / "missing-model")), backend="embedded", launch="subprocess", startup_timeout=120
+    )
     res = bench_launched(parse_drafters("none"), ls, parse_prompts(SUITE), BenchSettings(max_tokens=4, repeats=1))
     err = res.config("none").error
     assert "`vocabbridge serve` exited with status 1 before it was ready" in err and "missing-model" in err
@@ -246,13 +324,26 @@ def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
     from vocabbridge.bench.launch import NOT_SERVE_OPTIONS, serve_argv
     from vocabbridge.cli.serve_cmd import serve_cmd
 
-    changed = {"mode": "text", "map_path": "m.json", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
-               "adaptive_k": True, "min_confidence": 0.5, "ngram_first": True, "dtype": "float32", "drafter_dtype": "int8", "device": "cpu"}  # fmt: skip
+    changed = {
+        "mode": "text",
+        "map_path": "m.json",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+        "adaptive_k": True,
+        "min_confidence": 0.5,
+        "ngram_first": True,
+        "dtype": "float32",
+        "drafter_dtype": "int8",
+        "device": "cpu",
+        "map_mode": "vllm",
+        "backoff": False,
+    }
     fields = {f.name for f in dataclasses.fields(EngineSpec)} - set(NOT_SERVE_OPTIONS)
     assert fields <= set(changed), f"a new EngineSpec field to pass to serve: {fields - set(changed)}"
     spec = EngineSpec(target="t", drafter="d", **{k: v for k, v in changed.items() if k in fields})
     argv = serve_argv(spec, backend="embedded", port=9, max_num_seqs=2)[3:]
-    known = {o for p in serve_cmd.params for o in p.opts}
+    known = {o for p in serve_cmd.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]}
     flags = [a for a in argv[1:] if a.startswith("-")]
     assert len(flags) == len(fields) + 2 + 4 and set(flags) <= known, set(flags) - known
     assert argv[argv.index("-k") + 1] == "3" and "--adaptive-k" in argv and "--ngram-first" in argv
@@ -260,7 +351,10 @@ def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
 
 def test_drafter_lists_and_settings_are_checked():
     assert [d.name for d in parse_drafters("none,smollm2-135m:bridged,smollm2-135m:text")] == [
-        "none", "smollm2-135m:bridged", "smollm2-135m:text"]  # fmt: skip
+        "none",
+        "smollm2-135m:bridged",
+        "smollm2-135m:text",
+    ]
     with pytest.raises(BenchError, match="more than once"):
         parse_drafters("ngram,ngram")
     with pytest.raises(BenchError, match="a mode applies to model drafters only"):
@@ -284,8 +378,9 @@ def test_an_unreachable_url_fails_before_anything_runs(servers):
 def test_report_names_the_ngram_first_hybrid():
     from types import SimpleNamespace
 
-    from vocabbridge.bench.report import _launch
+    from vocabbridge.bench.outputs import _launch
 
     la = {"drafter": "smollm2-135m", "mode": "bridged", "ngram_first": True, "num_speculative_tokens": 6}
     assert _launch(SimpleNamespace(endpoint=SimpleNamespace(launch=la, url="u"))) == (
-        "drafter smollm2-135m, mode bridged, n-gram first, k=6")
+        "drafter smollm2-135m, mode bridged, n-gram first, k=6"
+    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vocabbridge.bench.errors import MetricsError
-from vocabbridge.bench.metrics import SpecDelta, counter_delta, parse_counters
+from vocabbridge.bench.counters import SpecDelta, counter_delta, parse_counters
+from vocabbridge.errors import MetricsError
 
 M = 'model_name="LGAI-EXAONE/EXAONE-4.5-33B"'
 
@@ -67,21 +67,33 @@ vllm:time_to_first_token_seconds_sum{{engine="0",{M}}} 1.25
 # One request later (it ran on engine 0): 100 tokens, 40 drafts of 3, 75 accepted; a new
 # finished_reason series and engine 1's position="2" series appeared since the first scrape.
 VLLM_AFTER = (
-    VLLM_BEFORE.replace(f'vllm:prompt_tokens_total{{engine="0",{M}}} 1200.0', f'vllm:prompt_tokens_total{{engine="0",{M}}} 1537.0')
+    VLLM_BEFORE.replace(
+        f'vllm:prompt_tokens_total{{engine="0",{M}}} 1200.0', f'vllm:prompt_tokens_total{{engine="0",{M}}} 1537.0'
+    )
     .replace(f'vllm:generation_tokens_total{{engine="0",{M}}} 400.0', f'vllm:generation_tokens_total{{engine="0",{M}}} 500.0')
-    .replace(f'vllm:request_success_total{{engine="0",finished_reason="length",{M}}} 1.0',
-             f'vllm:request_success_total{{engine="0",finished_reason="length",{M}}} 2.0\n'
-             f'vllm:request_success_total{{engine="1",finished_reason="abort",{M}}} 0.0')
-    .replace(f'vllm:spec_decode_num_drafts_total{{engine="0",{M}}} 200.0', f'vllm:spec_decode_num_drafts_total{{engine="0",{M}}} 240.0')
-    .replace(f'vllm:spec_decode_num_draft_tokens_total{{engine="0",{M}}} 600.0',
-             f'vllm:spec_decode_num_draft_tokens_total{{engine="0",{M}}} 720.0')
-    .replace(f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",{M}}} 330.0',
-             f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",{M}}} 405.0')
+    .replace(
+        f'vllm:request_success_total{{engine="0",finished_reason="length",{M}}} 1.0',
+        f'vllm:request_success_total{{engine="0",finished_reason="length",{M}}} 2.0\n'
+        f'vllm:request_success_total{{engine="1",finished_reason="abort",{M}}} 0.0',
+    )
+    .replace(
+        f'vllm:spec_decode_num_drafts_total{{engine="0",{M}}} 200.0', f'vllm:spec_decode_num_drafts_total{{engine="0",{M}}} 240.0'
+    )
+    .replace(
+        f'vllm:spec_decode_num_draft_tokens_total{{engine="0",{M}}} 600.0',
+        f'vllm:spec_decode_num_draft_tokens_total{{engine="0",{M}}} 720.0',
+    )
+    .replace(
+        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",{M}}} 330.0',
+        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",{M}}} 405.0',
+    )
     .replace(f'{M},position="0"}} 150.0', f'{M},position="0"}} 185.0')
     .replace(f'{M},position="1"}} 110.0', f'{M},position="1"}} 135.0')
-    .replace(f'{M},position="2"}} 70.0', f'{M},position="2"}} 85.0\n'
-             f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="1",{M},position="2"}} 0.0')
-)  # fmt: skip
+    .replace(
+        f'{M},position="2"}} 70.0',
+        f'{M},position="2"}} 85.0\nvllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="1",{M},position="2"}} 0.0',
+    )
+)
 
 # Our server (vocabbridge serve): no *_created series, one engine; adaptive k drafted a 5th
 # position for the first time during the request, so position="4" exists only after it.
@@ -208,11 +220,21 @@ def test_a_counter_that_went_down_is_unknown_and_said_so():
 
 
 def test_deltas_add_up():
-    a = SpecDelta(drafts=2, draft_tokens=6, accepted=3, accepted_per_pos=[2, 1], generation_tokens=8, requests=1, spec_counters=True)
-    b = SpecDelta(drafts=1, draft_tokens=3, accepted=3, accepted_per_pos=[1, 1, 1], generation_tokens=5, requests=1,
-                  spec_counters=True)  # fmt: skip
+    a = SpecDelta(
+        drafts=2, draft_tokens=6, accepted=3, accepted_per_pos=[2, 1], generation_tokens=8, requests=1, spec_counters=True
+    )
+    b = SpecDelta(
+        drafts=1, draft_tokens=3, accepted=3, accepted_per_pos=[1, 1, 1], generation_tokens=5, requests=1, spec_counters=True
+    )
     s = a + b
-    assert (s.drafts, s.draft_tokens, s.accepted, s.accepted_per_pos, s.generation_tokens, s.requests) == (3, 9, 6, [3, 2, 1], 13, 2)
+    assert (s.drafts, s.draft_tokens, s.accepted, s.accepted_per_pos, s.generation_tokens, s.requests) == (
+        3,
+        9,
+        6,
+        [3, 2, 1],
+        13,
+        2,
+    )
     assert (a + SpecDelta()).accepted is None  # unknown stays unknown
 
 
@@ -223,7 +245,7 @@ def test_a_page_that_is_not_prometheus_text_is_a_clear_error():
 
 def test_our_server_metrics_render_reads_back():
     """What vocabbridge serve renders is what bench parses (no _created series, vLLM names)."""
-    from vocabbridge.server.metrics import ServerMetrics
+    from vocabbridge.server.prometheus import ServerMetrics
 
     m = ServerMetrics("tiny", speculative=True, num_spec_tokens=3)
     before = parse_counters(m.render().decode())
@@ -232,4 +254,11 @@ def test_our_server_metrics_render_reads_back():
         m.generation_tokens.inc(7)
         m.success["length"].inc()
     d = counter_delta(before, parse_counters(m.render().decode()))
-    assert (d.drafts, d.draft_tokens, d.accepted, d.accepted_per_pos, d.generation_tokens, d.requests) == (2, 6, 4, [2, 1, 1], 7, 1)
+    assert (d.drafts, d.draft_tokens, d.accepted, d.accepted_per_pos, d.generation_tokens, d.requests) == (
+        2,
+        6,
+        4,
+        [2, 1, 1],
+        7,
+        1,
+    )

@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from vocabbridge.bench.errors import PromptFileError
 from vocabbridge.bench.prompts import load_prompts, parse_prompts, select_prompts
 from vocabbridge.cli import main
+from vocabbridge.errors import PromptFileError
 
 from .conftest import shared_tokenizer
 
@@ -53,7 +53,10 @@ def _lines(*objs) -> str:
         ([1, 2], r"p\.jsonl:2: expected a JSON object, got list"),
         ({**GOOD, "id": ""}, r"p\.jsonl:2: 'id' must be a non-empty string"),
         ({k: v for k, v in GOOD.items() if k != "category"}, r"p\.jsonl:2: 'category' must be a non-empty string"),
-        ({**GOOD, "max_token": 5}, r"p\.jsonl:2: unknown field\(s\) max_token; allowed: category, id, language, max_tokens, messages"),
+        (
+            {**GOOD, "max_token": 5},
+            r"p\.jsonl:2: unknown field\(s\) max_token; allowed: category, id, language, max_tokens, messages",
+        ),
         ({**GOOD, "messages": []}, r"p\.jsonl:2: 'messages' must be a non-empty list"),
         ({**GOOD, "messages": [{"role": "robot", "content": "x"}]}, r"p\.jsonl:2: messages\[0\]\.role is 'robot'"),
         ({**GOOD, "messages": [{"role": "user", "content": 3}]}, r"p\.jsonl:2: messages\[0\] must be an object"),
@@ -87,4 +90,4 @@ def test_cli_shows_a_bad_prompt_file_as_one_line(tmp_path):
     f.write_text(_lines(GOOD, {**GOOD, "id": "b", "messages": "hi"}), encoding="utf-8")
     r = CliRunner().invoke(main, ["bench", "--url", "http://127.0.0.1:9", "--prompts", str(f)])
     assert r.exit_code == 1
-    assert r.output.strip() == f"Error: {f}:2: 'messages' must be a non-empty list of {{\"role\", \"content\"}} objects."
+    assert r.output.strip() == f'Error: {f}:2: \'messages\' must be a non-empty list of {{"role", "content"}} objects.'

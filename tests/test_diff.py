@@ -17,8 +17,12 @@ def d(base_view, extended_view):
 def test_vocabulary_counts(d, facts):
     v = d.vocab
     assert (v.identical_prefix, v.same_id, v.moved, v.only_a, v.only_b) == (
-        facts.identical_prefix, facts.same_id, facts.moved, facts.only_a, facts.only_b,
-    )  # fmt: skip
+        facts.identical_prefix,
+        facts.same_id,
+        facts.moved,
+        facts.only_a,
+        facts.only_b,
+    )
     assert d.a.base == facts.base_size_a and d.b.base == facts.base_size_b
 
 
@@ -29,7 +33,12 @@ def test_moved_examples_name_both_ids(d, base_view):
 
 def test_merges(d, facts):
     m = d.merges
-    assert (m.identical_prefix, m.shared, m.only_a, m.only_b) == (facts.merges_prefix, facts.merges_shared, 0, facts.merges_only_b)
+    assert (m.identical_prefix, m.shared, m.only_a, m.only_b) == (
+        facts.merges_prefix,
+        facts.merges_shared,
+        0,
+        facts.merges_only_b,
+    )
     assert m.first_difference["index"] == facts.merges_prefix
 
 
@@ -83,7 +92,15 @@ def test_json_carries_every_figure(d):
 
 def test_markdown_has_every_section(d):
     md = to_markdown(sections(d))
-    for title in ("Vocabulary", "Merges", "Normalizer and pre-tokenizer", "Special tokens by role", "Multi-word", "script", "Texts"):
+    for title in (
+        "Vocabulary",
+        "Merges",
+        "Normalizer and pre-tokenizer",
+        "Special tokens by role",
+        "Multi-word",
+        "script",
+        "Texts",
+    ):
         assert title in md
     assert "| end_of_turn | 4 | [\\|endofturn\\|] |" in md
 

@@ -2,9 +2,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vocabbridge.tokenizer.encoding import (
-    bytes_to_unicode,
     byte_level_decode,
     byte_level_encode,
+    bytes_to_unicode,
     display,
     token_bytes,
 )

@@ -227,7 +227,8 @@ def test_cheap_misses_do_not_back_off(tiny, plain):
     p = PROMPTS[1]
     ids = t.view.encode(p)
     r = SpecEngine(t, _WrongDrafter(plain[p], len(ids), cost=1), num_speculative_tokens=1).generate(
-        ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
+        ids, SamplingParams(max_new_tokens=48, ignore_eos=True)
+    )
     assert r.tokens == plain[p] and r.stats.skipped_drafts == 0
 
 
@@ -235,5 +236,6 @@ def test_free_proposals_never_back_off(tiny):
     t = tiny["target"]
     ids = t.view.encode(PROMPTS[2])
     r = SpecEngine(t, NgramDrafter(prompt_lookup_min=1, prompt_lookup_max=3), num_speculative_tokens=3).generate(
-        ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
+        ids, SamplingParams(max_new_tokens=48, ignore_eos=True)
+    )
     assert r.stats.skipped_drafts == 0

@@ -76,10 +76,25 @@ def test_factory_bridged_builds_and_caches_a_map(tiny, tmp_path, monkeypatch):
 
 
 def test_generate_cli_compares_with_plain(tiny):
-    r = CliRunner().invoke(main, [
-        "generate", "--target", tiny["target"].source, "--drafter", tiny["spm"].source, "--mode", "text",
-        "--raw", "-p", PROMPT, "--max-tokens", "24", "--compare-plain", "--json",
-    ])  # fmt: skip
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "--target",
+            tiny["target"].source,
+            "--drafter",
+            tiny["spm"].source,
+            "--mode",
+            "text",
+            "--raw",
+            "-p",
+            PROMPT,
+            "--max-tokens",
+            "24",
+            "--compare-plain",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
     assert j["plain"]["identical"] is True and j["stats"]["generated"] <= 24
@@ -87,7 +102,9 @@ def test_generate_cli_compares_with_plain(tiny):
 
 
 def test_generate_cli_table_and_chat_template(tiny):
-    r = CliRunner().invoke(main, ["generate", "--target", tiny["target"].source, "--drafter", "ngram", "-p", "hi", "--max-tokens", "8"])
+    r = CliRunner().invoke(
+        main, ["generate", "--target", tiny["target"].source, "--drafter", "ngram", "-p", "hi", "--max-tokens", "8"]
+    )
     assert r.exit_code == 0, r.output
     assert "acceptance rate" in r.output and "Speculative decoding (ngram)" in r.output
 
@@ -100,7 +117,9 @@ def test_generate_cli_needs_a_prompt(tiny):
 def test_eval_drafter_cli(tiny, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text(PROMPT * 3, encoding="utf-8")
-    r = CliRunner().invoke(main, ["eval-drafter", "--target", tiny["target"].source, "--drafter", "ngram", "--text", str(f), "--json"])
+    r = CliRunner().invoke(
+        main, ["eval-drafter", "--target", tiny["target"].source, "--drafter", "ngram", "--text", str(f), "--json"]
+    )
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
     assert len(j["eval"]["acceptance_per_position"]) == 4 and j["eval"]["positions"] > 10
@@ -112,9 +131,12 @@ def test_confidence_gating_stays_lossless_and_drafts_less(tiny, gate):
     prompt = t.view.encode(PROMPT)
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     want = SpecEngine(t).generate(prompt, params).tokens
-    free = SpecEngine(t, DraftModelDrafter(tiny["draft"], target_vocab_size=t.vocab_size), num_speculative_tokens=4).generate(prompt, params)
-    gated = SpecEngine(t, DraftModelDrafter(tiny["draft"], target_vocab_size=t.vocab_size, min_confidence=gate),
-                       num_speculative_tokens=4).generate(prompt, params)  # fmt: skip
+    free = SpecEngine(t, DraftModelDrafter(tiny["draft"], target_vocab_size=t.vocab_size), num_speculative_tokens=4).generate(
+        prompt, params
+    )
+    gated = SpecEngine(
+        t, DraftModelDrafter(tiny["draft"], target_vocab_size=t.vocab_size, min_confidence=gate), num_speculative_tokens=4
+    ).generate(prompt, params)
     assert gated.tokens == free.tokens == want
     assert gated.stats.draft_tokens < free.stats.draft_tokens
 

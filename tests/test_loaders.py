@@ -23,12 +23,25 @@ def _write_slow(folder, view):
     merges = ["#version: 0.2"] + [f"{byte_level_encode(a)} {byte_level_encode(b)}" for a, b in view.merges]
     (folder / "merges.txt").write_text("\n".join(merges) + "\n", encoding="utf-8")
     added = {
-        str(a.id): {"content": a.content, "special": a.special, "lstrip": False, "rstrip": False,
-                    "normalized": False, "single_word": False}
+        str(a.id): {
+            "content": a.content,
+            "special": a.special,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
         for a in view.added
-    }  # fmt: skip
-    cfg = {"tokenizer_class": "GPT2Tokenizer", "added_tokens_decoder": added, "bos_token": "<bos>",
-           "eos_token": "[|endofturn|]", "unk_token": "<unk>", "pad_token": "<pad>", "add_prefix_space": False}  # fmt: skip
+    }
+    cfg = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "added_tokens_decoder": added,
+        "bos_token": "<bos>",
+        "eos_token": "[|endofturn|]",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "add_prefix_space": False,
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
 
 
@@ -85,7 +98,9 @@ def test_gguf_tokenizer_metadata(tmp_path, base_view):
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list([byte_level_encode(t) if i not in base_view.added_ids else t.decode() for i, t in enumerate(base_view.tokens)])
+    w.add_token_list(
+        [byte_level_encode(t) if i not in base_view.added_ids else t.decode() for i, t in enumerate(base_view.tokens)]
+    )
     w.add_token_types([3 if i in base_view.added_ids else 1 for i in range(base_view.size)])
     w.add_token_merges([f"{byte_level_encode(a)} {byte_level_encode(b)}" for a, b in base_view.merges])
     w.add_bos_token_id(1)
@@ -119,7 +134,9 @@ def test_truncated_json_names_file_line_and_column(tmp_path, tok_dirs):
     text = (tok_dirs["base"] / "tokenizer.json").read_text()
     p = tmp_path / "tokenizer.json"
     p.write_text(text[: len(text) // 2])
-    with pytest.raises(TokenizerSourceError, match=r"tokenizer.json: invalid tokenizer.json at line 1, column \d+ \(char \d+\).*truncated"):
+    with pytest.raises(
+        TokenizerSourceError, match=r"tokenizer.json: invalid tokenizer.json at line 1, column \d+ \(char \d+\).*truncated"
+    ):
         load_tokenizer(p)
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from vocabbridge.errors import ConfigError
 from vocabbridge.mapping import build_token_map, compute_coverage, default_texts
 from vocabbridge.mapping.bytes_mode import byte_fallback_pieces
+from vocabbridge.mapping.tokenmap import LazyBridge
 from vocabbridge.testing import train_base
 from vocabbridge.tokenizer.encoding import byte_level_encode
 from vocabbridge.tokenizer.view import view_from_doc
@@ -63,8 +64,17 @@ def test_same_special_string_beats_the_weak_pad_role():
     doc = json.loads(json.dumps(base))
     n = max(doc["model"]["vocab"].values()) + 1
     doc["model"]["vocab"]["<|endoftext|>"] = n
-    doc["added_tokens"].append({"id": n, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
-                                "rstrip": False, "normalized": False, "special": True})  # fmt: skip
+    doc["added_tokens"].append(
+        {
+            "id": n,
+            "content": "<|endoftext|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
     drafter = view_from_doc(doc, source="d", config={"pad_token": "<pad>", "eos_token": "[|endofturn|]"})
     target = view_from_doc(doc, source="t", config={"pad_token": "<|endoftext|>", "eos_token": "[|endofturn|]"})
     tm = build_token_map(drafter, target)
@@ -75,7 +85,9 @@ def test_role_priority_keeps_end_of_turn_when_pad_reuses_it():
     # Target pad and eos share one id; the drafter's pad is another token: end-of-turn wins the pair.
     base = train_base(vocab_size=300)
     drafter = view_from_doc(base, source="d", config={"eos_token": "[|endofturn|]", "pad_token": "<pad>", "bos_token": "<bos>"})
-    target = view_from_doc(base, source="t", config={"eos_token": "[|endofturn|]", "pad_token": "[|endofturn|]", "bos_token": "<bos>"})
+    target = view_from_doc(
+        base, source="t", config={"eos_token": "[|endofturn|]", "pad_token": "[|endofturn|]", "bos_token": "<bos>"}
+    )
     tm = build_token_map(drafter, target)
     assert tm.target_to_draft[4] == 4 and tm.draft_to_target[4] == 4
     assert tm.draft_to_target[0] == 0  # <pad> ↔ <pad> by content, as nothing else claimed it
@@ -142,6 +154,7 @@ def test_unpaired_special_tokens_reach_the_drafter_as_their_text(base_view, spm_
 
 def test_bridge_uses_single_bytes_for_fragments(base_view, spm_view):
     tm = build_token_map(spm_view, base_view)
+
     def partial(b):
         try:
             b.decode("utf-8")
@@ -198,11 +211,20 @@ def test_bad_options_say_what_to_pass(base_view):
 
 def test_coverage_counts_vocabulary_and_text(spm_view, base_view):
     tm = build_token_map(spm_view, base_view)
-    cov = compute_coverage(tm, spm_view, base_view, texts={"ko": "안녕하세요. 도움이 필요하시다면 문의해 주세요.", "en": "Hello world!"},
-                           check_bridge=True)  # fmt: skip
+    cov = compute_coverage(
+        tm,
+        spm_view,
+        base_view,
+        texts={"ko": "안녕하세요. 도움이 필요하시다면 문의해 주세요.", "en": "Hello world!"},
+        check_bridge=True,
+    )
     assert cov.pairs == tm.pairs and cov.target_vocab == base_view.size
-    assert cov.bridge_lossy == 0 and cov.bridged == sum(1 for t, b in enumerate(base_view.tokens) if b and tm.target_to_draft[t] < 0)
-    assert sum(s.target_tokens for s in cov.scripts) == sum(1 for t, b in enumerate(base_view.tokens) if b and t not in base_view.special_ids)
+    assert cov.bridge_lossy == 0 and cov.bridged == sum(
+        1 for t, b in enumerate(base_view.tokens) if b and tm.target_to_draft[t] < 0
+    )
+    assert sum(s.target_tokens for s in cov.scripts) == sum(
+        1 for t, b in enumerate(base_view.tokens) if b and t not in base_view.special_ids
+    )
     ko = cov.texts[0]
     assert ko.file == "ko" and ko.target_tokens == len(base_view.encode("안녕하세요. 도움이 필요하시다면 문의해 주세요."))
     assert ko.partnered_share > 0.5 and ko.vllm_unk_share > 0.3  # vLLM pairs no Hangul here
@@ -219,5 +241,5 @@ def test_default_texts_are_shipped():
 def test_bytes_build_is_one_pass(base_view, extended_view):
     tm = build_token_map(base_view, extended_view)
     assert isinstance(tm.draft_to_target, np.ndarray) and tm.draft_to_target.dtype == np.int64
-    assert tm._bridge is None  # the bridge waits for first use
+    assert isinstance(tm.input_bridge, LazyBridge) and tm.input_bridge._data is None  # the bridge waits for first use
     assert tm.input_bridge is tm.input_bridge

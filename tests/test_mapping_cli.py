@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from vocabbridge.cli import main
-from vocabbridge.mapping import MapSide, TokenMap, build_token_map, default_texts, load_map, save_map
+from vocabbridge.mapping import MapSide, TokenMap, build_token_map, default_texts, load_map, read_map, save_map
 
 
 def run(*args):
@@ -26,20 +26,32 @@ def map_file(tok_dirs, tmp_path_factory):
 def test_build_map_writes_the_map_and_shows_coverage(map_file, tok_dirs, spm_view, base_view):
     out, text = map_file
     assert out.is_file()
-    for title in ("Token map", "Vocabulary coverage", "Target tokens by script", "Special tokens by role",
-                  "Corpus coverage", "vLLM hand-off"):  # fmt: skip
+    for title in (
+        "Token map",
+        "Vocabulary coverage",
+        "Target tokens by script",
+        "Special tokens by role",
+        "Corpus coverage",
+        "vLLM hand-off",
+    ):
         assert title in text
     assert "all texts" in text and "written to" in text
-    tm = load_map(out, drafter=spm_view, target=base_view)
+    tm, cov = read_map(out, drafter=spm_view, target=base_view)
     assert tm.mode == "bytes" and tm.pairs == build_token_map(spm_view, base_view).pairs
-    assert tm.coverage is not None and tm.coverage.bridge_lossy == 0
-    assert [t.file for t in tm.coverage.texts] == sorted(default_texts())  # the shipped texts by default
+    assert cov is not None and cov.bridge_lossy == 0
+    assert [t.file for t in cov.texts] == sorted(default_texts())  # the shipped texts by default
 
 
 def test_build_map_prints_the_vllm_speculative_config(tok_dirs):
     r = run("build-map", tok_dirs["spm"], tok_dirs["base"], "--num-speculative-tokens", 5, "--format", "markdown")
     assert r.exit_code == 0, r.output
-    cfg = {"method": "draft_model", "model": str(tok_dirs["spm"]), "num_speculative_tokens": 5, "use_heterogeneous_vocab": True}
+    cfg = {
+        "method": "draft_model",
+        "model": str(tok_dirs["spm"]),
+        "num_speculative_tokens": 5,
+        "use_heterogeneous_vocab": True,
+        "draft_sample_method": "greedy",
+    }  # what serve --backend vllm runs: one source for both
     assert f"--speculative-config '{json.dumps(cfg)}'" in r.output
     assert "vLLM builds its own string map at start-up: it will get the vllm column above" in r.output
     assert "## vocabbridge build-map:" in r.output
@@ -99,8 +111,10 @@ def test_coverage_says_how_to_point_at_moved_tokenizers(map_file, tok_dirs, tmp_
     tm = load_map(out)
     # The same map, recorded with a drafter source that no longer exists.
     gone = MapSide(str(tmp_path / "gone"), tm.drafter.fingerprint, tm.drafter.tokenizer_size, tm.drafter.model_vocab_size)
-    moved = save_map(TokenMap(tm.mode, gone, tm.target, tm.draft_to_target, tm.target_to_draft, input_bridge=tm.input_bridge),
-                     tmp_path / "moved.json")  # fmt: skip
+    moved = save_map(
+        TokenMap(tm.mode, gone, tm.target, tm.draft_to_target, tm.target_to_draft, input_bridge=tm.input_bridge),
+        tmp_path / "moved.json",
+    )
     r = run("coverage", moved)
     assert r.exit_code == 1 and "Pass --drafter with where it is now" in r.output
     r = run("coverage", moved, "--drafter", tok_dirs["spm"], "--json")

@@ -8,26 +8,26 @@ import numpy as np
 import pytest
 
 from vocabbridge.errors import MapFileError
-from vocabbridge.mapping import build_token_map, compute_coverage, load_map, save_map
+from vocabbridge.mapping import build_token_map, compute_coverage, load_map, read_map, save_map
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, spm_view, base_view):
     tm = build_token_map(spm_view, base_view)
-    tm = tm.with_coverage(compute_coverage(tm, spm_view, base_view, texts={"t": "안녕하세요. Hello!"}))
+    cov = compute_coverage(tm, spm_view, base_view, texts={"t": "안녕하세요. Hello!"})
     path = tmp_path_factory.mktemp("maps") / "spm_to_base.json"
-    save_map(tm, path)
-    return tm, path
+    save_map(tm, path, coverage=cov)
+    return tm, path, cov
 
 
 def test_round_trip_keeps_everything(saved, spm_view, base_view):
-    tm, path = saved
-    back = load_map(path, drafter=spm_view, target=base_view)
+    tm, path, cov = saved
+    back, back_cov = read_map(path, drafter=spm_view, target=base_view)
     assert back.mode == "bytes" and back.drafter == tm.drafter and back.target == tm.target
     assert np.array_equal(back.draft_to_target, tm.draft_to_target)
     assert np.array_equal(back.target_to_draft, tm.target_to_draft)
     assert back.input_bridge == tm.input_bridge
-    assert back.coverage == tm.coverage and back.stats == tm.stats
+    assert back_cov == cov and back.stats == tm.stats
     assert back.draft_unk_id == tm.draft_unk_id
     doc = json.loads(path.read_text())
     assert doc["format"] == "vocabbridge.map/1" and doc["drafter"]["fingerprint"] == spm_view.fingerprint
@@ -35,7 +35,7 @@ def test_round_trip_keeps_everything(saved, spm_view, base_view):
 
 
 def test_refused_for_the_wrong_tokenizer(saved, spm_view, base_view, extended_view):
-    _, path = saved
+    _, path, _ = saved
     with pytest.raises(MapFileError) as e:
         load_map(path, drafter=spm_view, target=extended_view)
     msg = str(e.value)
@@ -48,7 +48,7 @@ def test_refused_for_the_wrong_tokenizer(saved, spm_view, base_view, extended_vi
 
 
 def test_truncated_file_is_rejected(saved, tmp_path):
-    _, path = saved
+    _, path, _ = saved
     cut = tmp_path / "cut.json"
     text = path.read_text()
     cut.write_text(text[: len(text) // 2])
@@ -67,7 +67,7 @@ def test_truncated_file_is_rejected(saved, tmp_path):
     ids=["pairs", "mode", "fingerprint", "array"],
 )
 def test_hand_edited_file_is_rejected(saved, tmp_path, edit):
-    _, path = saved
+    _, path, _ = saved
     doc = json.loads(path.read_text())
     edit(doc)
     bad = tmp_path / "edited.json"
@@ -86,7 +86,7 @@ def test_other_json_is_not_a_map(tmp_path):
 
 
 def test_interrupted_save_leaves_the_old_file(saved, tmp_path, monkeypatch):
-    tm, path = saved
+    tm, path, _ = saved
     target = tmp_path / "m.json"
     target.write_text(path.read_text())
     before = target.read_bytes()
@@ -115,5 +115,5 @@ def test_saved_map_is_readable_like_any_written_file(saved):
 
     umask = os.umask(0)
     os.umask(umask)
-    _, path = saved
+    _, path, _ = saved
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600

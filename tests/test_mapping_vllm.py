@@ -16,25 +16,50 @@ BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True,
 def tiny(vocab: dict[str, int], merges: list[list[str]], *, added=(), config=None, source="tiny", pre=BYTE_LEVEL):
     """A complete tokenizer.json for a hand-made vocabulary (added: [(id, content)], all special)."""
     doc = {
-        "version": "1.0", "truncation": None, "padding": None, "normalizer": None, "pre_tokenizer": pre,
-        "post_processor": None, "decoder": BYTE_LEVEL,
-        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for i, c in added],
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": merges},
-    }  # fmt: skip
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "normalizer": None,
+        "pre_tokenizer": pre,
+        "post_processor": None,
+        "decoder": BYTE_LEVEL,
+        "added_tokens": [
+            {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+            for i, c in added
+        ],
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
     return view_from_doc(doc, source=source, config=config)
 
 
 def test_rule_on_a_small_example():
     # Drafter: byte-level ("Ġ" marker). Target: the same strings at other ids, plus a literal " x"
     # that normalizes like "Ġx", an end-of-turn spelled differently, and an id beyond its model.
-    drafter = tiny({"Ġ": 0, "a": 1, "Ġa": 2, "x": 3, "Ġx": 4, "<eot>": 5, "<|im_end|>": 6}, [["Ġ", "a"], ["Ġ", "x"]],
-                   added=[(5, "<eot>"), (6, "<|im_end|>")], config={"eos_token": "<eot>"}, source="drafter")  # fmt: skip
-    target = tiny({"a": 0, "Ġ": 1, " x": 2, "Ġa": 3, "Ġx": 4, "x": 5, "<|endofturn|>": 6, "<|im_end|>": 7, "Ġz": 8, "z": 9},
-                  [["Ġ", "a"], ["Ġ", "x"], ["Ġ", "z"]], added=[(6, "<|endofturn|>"), (7, "<|im_end|>")],
-                  config={"eos_token": "<|endofturn|>"}, source="target")  # fmt: skip
+    drafter = tiny(
+        {"Ġ": 0, "a": 1, "Ġa": 2, "x": 3, "Ġx": 4, "<eot>": 5, "<|im_end|>": 6},
+        [["Ġ", "a"], ["Ġ", "x"]],
+        added=[(5, "<eot>"), (6, "<|im_end|>")],
+        config={"eos_token": "<eot>"},
+        source="drafter",
+    )
+    target = tiny(
+        {"a": 0, "Ġ": 1, " x": 2, "Ġa": 3, "Ġx": 4, "x": 5, "<|endofturn|>": 6, "<|im_end|>": 7, "Ġz": 8, "z": 9},
+        [["Ġ", "a"], ["Ġ", "x"], ["Ġ", "z"]],
+        added=[(6, "<|endofturn|>"), (7, "<|im_end|>")],
+        config={"eos_token": "<|endofturn|>"},
+        source="target",
+    )
     assert space_markers(drafter) == ("Ġ",) and space_markers(target) == ("Ġ",)
     norm, ambiguous, _ = normalized_vocab(target)
     assert ambiguous == 1 and norm[" x"] == 2  # "Ġx" (4) and " x" (2) collide: the lowest id keeps " x"

@@ -87,8 +87,10 @@ def test_chat_content_parts_and_max_completion_tokens(client, tiny):
     ids = chat_prompt_ids(t.view, [{"role": "user", "content": "Hello\nworld"}])
     _, text, _ = oracle(t, ids, 7)
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
-    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}], "temperature": 0,
-                                                  "max_completion_tokens": 7}).json()  # fmt: skip
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": parts}], "temperature": 0, "max_completion_tokens": 7},
+    ).json()
     assert r["choices"][0]["message"]["content"] == text and r["usage"]["completion_tokens"] == 7
 
 
@@ -96,8 +98,8 @@ def test_chat_template_kwargs_reach_the_template(tiny):
     t = tiny["target"]
     template = "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}" + t.view.chat_template
     target = dataclasses.replace(t, view=dataclasses.replace(t.view, chat_template=template))
-    from vocabbridge.engine.factory import BuiltEngine, EngineSpec
     from vocabbridge.engine.engine import SpecEngine
+    from vocabbridge.engine.factory import BuiltEngine, EngineSpec
 
     built = BuiltEngine(SpecEngine(target), target, None, EngineSpec(target=t.source), "none")
     messages = [{"role": "user", "content": "hi"}]
@@ -136,8 +138,17 @@ def test_stop_token_ids_end_the_output_without_the_stop_token(client, tiny):
     tokens, _, _ = oracle(t, ids, 30, ignore_eos=True)
     stop_id = tokens[6]
     want_tokens, want_text, finish = oracle(t, ids, 30, ignore_eos=True, stop_token_ids=(stop_id,))
-    r = client.post("/v1/completions", json={"prompt": ids, "stop_token_ids": [stop_id], "ignore_eos": True, "temperature": 0,
-                                             "max_tokens": 30, "return_token_ids": True}).json()["choices"][0]  # fmt: skip
+    r = client.post(
+        "/v1/completions",
+        json={
+            "prompt": ids,
+            "stop_token_ids": [stop_id],
+            "ignore_eos": True,
+            "temperature": 0,
+            "max_tokens": 30,
+            "return_token_ids": True,
+        },
+    ).json()["choices"][0]
     assert finish == "stop" and want_tokens[-1] == stop_id
     assert (r["text"], r["token_ids"], r["finish_reason"], r["stop_reason"]) == (want_text, want_tokens, "stop", stop_id)
 
@@ -177,8 +188,11 @@ def test_metrics_move_consistently_with_the_requests(client, tiny):
     for p in PROMPTS[:3]:
         usages.append(client.post("/v1/completions", json={"prompt": p, "max_tokens": 20, "temperature": 0}).json()["usage"])
     # A scrape while a request streams: every counter is moved under one lock per engine step.
-    with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[7], "max_tokens": 200, "ignore_eos": True,
-                                                        "temperature": 0, "stream": True}) as r:  # fmt: skip
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        json={"prompt": PROMPTS[7], "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True},
+    ) as r:
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
@@ -225,8 +239,9 @@ def test_the_stock_openai_client_works(server, tiny):
     _, chat_text, _ = oracle(t, chat_prompt_ids(t.view, messages), 16)
     r = oa.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
     assert r.choices[0].message.content == chat_text and r.usage.completion_tokens == 16
-    stream = oa.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0, stream=True,
-                                        stream_options={"include_usage": True})  # fmt: skip
+    stream = oa.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == chat_text
     assert chunks[-1].usage.completion_tokens == 16

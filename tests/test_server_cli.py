@@ -38,11 +38,22 @@ def spec_config(argv: list[str]) -> dict | None:
 
 
 def test_vllm_argv_for_ngram():
-    argv, _ = dry_run("--target", "qwen2.5-coder-1.5b", "--drafter", "ngram", "-k", "5", "--prompt-lookup-min", "2",
-                      "--prompt-lookup-max", "6")  # fmt: skip
-    assert argv == ["vllm", "serve", QWEN, "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "qwen2.5-coder-1.5b",
-                    "--speculative-config",
-                    '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_min":2,"prompt_lookup_max":6}']  # fmt: skip
+    argv, _ = dry_run(
+        "--target", "qwen2.5-coder-1.5b", "--drafter", "ngram", "-k", "5", "--prompt-lookup-min", "2", "--prompt-lookup-max", "6"
+    )
+    assert argv == [
+        "vllm",
+        "serve",
+        QWEN,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "qwen2.5-coder-1.5b",
+        "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_min":2,"prompt_lookup_max":6}',
+    ]
 
 
 def test_vllm_argv_without_a_drafter():
@@ -51,26 +62,68 @@ def test_vllm_argv_without_a_drafter():
 
 
 def test_vllm_argv_for_mtp_and_every_passthrough():
-    argv, _ = dry_run("--drafter", "mtp", "--target", "exaone-4.5-33b", "-k", "3", "--tensor-parallel-size", "4",
-                      "--max-num-seqs", "64", "--served-model-name", "exaone", "--", "--max-model-len", "32768",
-                      "--gpu-memory-utilization", "0.9")  # fmt: skip
-    assert argv == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B", "--host", "127.0.0.1", "--port", "8000",
-                    "--served-model-name", "exaone", "--tensor-parallel-size", "4", "--max-num-seqs", "64",
-                    "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
-                    "--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]  # fmt: skip
+    argv, _ = dry_run(
+        "--drafter",
+        "mtp",
+        "--target",
+        "exaone-4.5-33b",
+        "-k",
+        "3",
+        "--tensor-parallel-size",
+        "4",
+        "--max-num-seqs",
+        "64",
+        "--served-model-name",
+        "exaone",
+        "--",
+        "--max-model-len",
+        "32768",
+        "--gpu-memory-utilization",
+        "0.9",
+    )
+    assert argv == [
+        "vllm",
+        "serve",
+        "LGAI-EXAONE/EXAONE-4.5-33B",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "exaone",
+        "--tensor-parallel-size",
+        "4",
+        "--max-num-seqs",
+        "64",
+        "--speculative-config",
+        '{"method":"mtp","num_speculative_tokens":3}',
+        "--max-model-len",
+        "32768",
+        "--gpu-memory-utilization",
+        "0.9",
+    ]
 
 
 def test_vllm_draft_model_with_another_vocabulary_is_heterogeneous_and_greedy():
     argv, notes = dry_run("--drafter", "exaone-1.2b", "-k", "3")  # the preset picks its target
     assert argv[:3] == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B"]
-    assert spec_config(argv) == {"method": "draft_model", "model": "LGAI-EXAONE/EXAONE-4.0-1.2B", "num_speculative_tokens": 3,
-                                 "use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}  # fmt: skip
+    assert spec_config(argv) == {
+        "method": "draft_model",
+        "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
+        "num_speculative_tokens": 3,
+        "use_heterogeneous_vocab": True,
+        "draft_sample_method": "greedy",
+    }
     assert "different vocabulary" in notes
 
 
 def test_vllm_draft_model_with_the_same_vocabulary_is_plain():
     argv, notes = dry_run("--drafter", "qwen2.5-coder-0.5b")
-    assert spec_config(argv) == {"method": "draft_model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "num_speculative_tokens": 4}
+    assert spec_config(argv) == {
+        "method": "draft_model",
+        "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        "num_speculative_tokens": 4,
+    }
     assert "same vocabulary" in notes
 
 
@@ -91,7 +144,9 @@ def test_vllm_api_key_goes_through_the_environment():
 
 
 def test_mtp_needs_a_target_with_an_mtp_head():
-    r = CliRunner().invoke(main, ["serve", "--backend", "vllm", "--dry-run", "--target", "qwen2.5-coder-1.5b", "--drafter", "mtp"])
+    r = CliRunner().invoke(
+        main, ["serve", "--backend", "vllm", "--dry-run", "--target", "qwen2.5-coder-1.5b", "--drafter", "mtp"]
+    )
     assert r.exit_code == 1 and "has no MTP head" in r.output
 
 
@@ -120,7 +175,14 @@ def test_embedded_refuses_vllm_only_options(tiny):
 def test_presets_list_what_each_resolves_to(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["presets", "--json"])
     rows = {p["name"]: p for p in json.loads(r.stdout)}
-    assert {"exaone-1.2b", "exaone-4.5-33b", "exaone-4.5-33b-fp8", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"} <= set(rows)
+    assert {
+        "exaone-1.2b",
+        "exaone-4.5-33b",
+        "exaone-4.5-33b-fp8",
+        "qwen2.5-coder-1.5b",
+        "qwen2.5-coder-0.5b",
+        "smollm2-135m",
+    } <= set(rows)
     assert rows["exaone-1.2b"]["pairs_with"] == "exaone-4.5-33b" and rows["qwen2.5-coder-1.5b"]["resolves_to"] == QWEN
     (tmp_path / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf").write_bytes(b"GGUF")
     monkeypatch.setenv("VOCABBRIDGE_MODELS", str(tmp_path))

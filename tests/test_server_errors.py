@@ -46,19 +46,45 @@ LONG = "안녕하세요 " * 400  # far more tokens than the tiny model's 512-tok
         ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "invalid_type"),
         ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages.0.role", "missing_required_parameter"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "messages.0.content", "invalid_type"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-         "messages.0.content", None),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages.0.content",
+            None,
+        ),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, 400, "prompt", "context_length_exceeded"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, 400,
-         "max_tokens", None),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "x"}, 404, "model", "model_not_found"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+            400,
+            "max_tokens",
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "model": "x"},
+            404,
+            "model",
+            "model_not_found",
+        ),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n", None),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400,
-         "tools", "unsupported_parameter"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": []}, 400,
-         "chat_template_kwargs", "invalid_type"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+            400,
+            "tools",
+            "unsupported_parameter",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": []},
+            400,
+            "chat_template_kwargs",
+            "invalid_type",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_get_openai_errors(client, path, body, status, param, code):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     r = client.post(path, content=content, headers={"content-type": "application/json"})

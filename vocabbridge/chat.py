@@ -12,13 +12,12 @@ from .errors import RequestError
 from .tokenizer.view import TokenizerView
 
 
-def render_chat(view: TokenizerView, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                **template_kwargs: Any) -> str:  # fmt: skip
+def render_chat(
+    view: TokenizerView, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **template_kwargs: Any
+) -> str:
     """The prompt text for ``messages``; ``template_kwargs`` reach the template (``enable_thinking``...)."""
     if not view.chat_template:
-        raise RequestError(
-            f"{view.source} has no chat template; send a plain completion (/v1/completions, --raw) instead."
-        )
+        raise RequestError(f"{view.source} has no chat template; send a plain completion (/v1/completions, --raw) instead.")
     from transformers.utils.chat_template_utils import render_jinja_template
 
     for i, m in enumerate(messages):

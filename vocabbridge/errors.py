@@ -34,5 +34,32 @@ class RequestError(VocabBridgeError):
     """A generation request that cannot be served (prompt too long, bad parameter...)."""
 
 
+class InputFileError(VocabBridgeError):
+    """A text or prompt file given on the command line that cannot be read."""
+
+
 class ConfigError(VocabBridgeError):
     """Inconsistent options (a drafter without a target, an unknown preset...)."""
+
+
+# ==== vocabbridge bench =====================================================================
+
+
+class BenchError(VocabBridgeError):
+    """A benchmark that cannot run as asked."""
+
+
+class PromptFileError(BenchError):
+    """A prompt file that cannot be read or has a malformed line (the message names the line)."""
+
+
+class MetricsError(BenchError):
+    """A /metrics page that is not Prometheus text."""
+
+
+class ServerError(BenchError):
+    """A server that cannot be reached or refuses a benchmark request."""
+
+
+class LaunchError(BenchError):
+    """A server configuration that could not be started (the message shows its last output lines)."""

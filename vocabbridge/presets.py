@@ -29,30 +29,70 @@ class Preset:
     has_mtp: bool = False  # the checkpoint carries a multi-token-prediction head
     notes: str = ""
     vocab: str | None = None  # tokenizer family: presets with the same value share one vocabulary
+    params_b: float | None = None  # parameters, in billions (memory checks before loading)
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
-        Preset("exaone-4.5-33b", "LGAI-EXAONE/EXAONE-4.5-33B", "target", has_mtp=True, vocab="exaone-4.5",
-               notes="153,600-token byte-level BPE; one MTP layer; end-of-turn <|endofturn|> = 53"),
-        Preset("exaone-4.5-33b-fp8", "LGAI-EXAONE/EXAONE-4.5-33B-FP8", "target", has_mtp=True, notes="FP8 weights",
-               vocab="exaone-4.5"),
-        Preset("exaone-1.2b", "LGAI-EXAONE/EXAONE-4.0-1.2B", "drafter", pairs_with="exaone-4.5-33b", vocab="exaone-4.0",
-               notes="102,400-token vocabulary: needs the bridged or text drafter for 4.5"),
-        Preset("qwen2.5-coder-1.5b", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "target",
-               gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", vocab="qwen2.5", notes="runs on CPU here"),
-        Preset("qwen2.5-coder-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "drafter",
-               gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", pairs_with="qwen2.5-coder-1.5b",
-               vocab="qwen2.5", notes="same vocabulary as the 1.5B target"),
-        Preset("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "drafter",
-               gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pairs_with="qwen2.5-coder-1.5b", vocab="smollm2",
-               notes="49,152-token vocabulary: bridged or text drafter for Qwen"),
+        Preset(
+            "exaone-4.5-33b",
+            "LGAI-EXAONE/EXAONE-4.5-33B",
+            "target",
+            has_mtp=True,
+            vocab="exaone-4.5",
+            params_b=33.0,
+            notes="153,600-token byte-level BPE; one MTP layer; end-of-turn <|endofturn|> = 53",
+        ),
+        Preset(
+            "exaone-4.5-33b-fp8",
+            "LGAI-EXAONE/EXAONE-4.5-33B-FP8",
+            "target",
+            has_mtp=True,
+            notes="FP8 weights",
+            vocab="exaone-4.5",
+            params_b=33.0,
+        ),
+        Preset(
+            "exaone-1.2b",
+            "LGAI-EXAONE/EXAONE-4.0-1.2B",
+            "drafter",
+            pairs_with="exaone-4.5-33b",
+            vocab="exaone-4.0",
+            params_b=1.28,
+            notes="102,400-token vocabulary: needs the bridged or text drafter for 4.5",
+        ),
+        Preset(
+            "qwen2.5-coder-1.5b",
+            "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            "target",
+            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            vocab="qwen2.5",
+            params_b=1.54,
+            notes="runs on CPU here",
+        ),
+        Preset(
+            "qwen2.5-coder-0.5b",
+            "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            "drafter",
+            gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            pairs_with="qwen2.5-coder-1.5b",
+            vocab="qwen2.5",
+            params_b=0.49,
+            notes="same vocabulary as the 1.5B target",
+        ),
+        Preset(
+            "smollm2-135m",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "drafter",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            pairs_with="qwen2.5-coder-1.5b",
+            vocab="smollm2",
+            params_b=0.135,
+            notes="49,152-token vocabulary: bridged or text drafter for Qwen",
+        ),
     ]
-}  # fmt: skip
-
-# Drafter names that are methods, not models.
-METHODS = ("none", "ngram", "mtp")
+}
 
 
 def models_dir() -> Path | None:
@@ -71,6 +111,12 @@ def resolve_model(name: str, *, models_dir: Path | None | str = "env") -> str:
     return p.hub_id
 
 
+def vocab_family(name: str) -> str | None:
+    """The preset's vocabulary family (presets with the same family share one vocabulary); None for other names."""
+    p = PRESETS.get(name)
+    return p.vocab if p else None
+
+
 def default_target_for(drafter: str) -> str:
     """The target a drafter preset pairs with; a ConfigError naming the fix otherwise."""
     p = PRESETS.get(drafter)
@@ -87,7 +133,18 @@ def describe_presets() -> list[dict]:
     out = []
     for p in PRESETS.values():
         where = resolve_model(p.name)
-        out.append({"name": p.name, "role": p.role, "hub_id": p.hub_id, "pairs_with": p.pairs_with, "vocab": p.vocab,
-                    "has_mtp": p.has_mtp, "gguf_file": p.gguf_file, "resolves_to": where, "local": where != p.hub_id,
-                    "notes": p.notes})  # fmt: skip
+        out.append(
+            {
+                "name": p.name,
+                "role": p.role,
+                "hub_id": p.hub_id,
+                "pairs_with": p.pairs_with,
+                "vocab": p.vocab,
+                "has_mtp": p.has_mtp,
+                "gguf_file": p.gguf_file,
+                "resolves_to": where,
+                "local": where != p.hub_id,
+                "notes": p.notes,
+            }
+        )
     return out

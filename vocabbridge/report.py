@@ -19,6 +19,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 
 @dataclass
 class Section:
@@ -59,9 +63,6 @@ def to_markdown(sections: list[Section], *, title: str | None = None) -> str:
 
 
 def print_sections(sections: list[Section], *, console=None, title: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     console = console or Console()
     if title:
@@ -83,7 +84,9 @@ def print_sections(sections: list[Section], *, console=None, title: str | None =
 
 def _numeric_column(s: Section, i: int) -> bool:
     cells = [r[i] for r in s.rows if i < len(r) and r[i] not in ("", "—")]
-    return bool(cells) and all(c.replace(",", "").replace(".", "").replace(" %", "").replace("×", "").lstrip("-").isdigit() for c in cells)
+    return bool(cells) and all(
+        c.replace(",", "").replace(".", "").replace(" %", "").replace("×", "").lstrip("-").isdigit() for c in cells
+    )
 
 
 def to_jsonable(obj: Any) -> Any:

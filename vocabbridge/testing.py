@@ -69,9 +69,11 @@ def train_base(folder: Path | None = None, *, vocab_size: int = 900) -> dict:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-    )  # fmt: skip
+    )
     tok.train_from_iterator(corpus(), trainer=trainer)
     doc = json.loads(tok.to_str())
     if folder is not None:
@@ -81,9 +83,12 @@ def train_base(folder: Path | None = None, *, vocab_size: int = 900) -> dict:
 
 def base_config() -> dict:
     return {
-        "bos_token": "<bos>", "eos_token": "[|endofturn|]", "pad_token": "<pad>", "unk_token": "<unk>",
+        "bos_token": "<bos>",
+        "eos_token": "[|endofturn|]",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
         "chat_template": EXAONE_LIKE_TEMPLATE.replace("eot", "'[|endofturn|]'"),
-    }  # fmt: skip
+    }
 
 
 # A multi-word-capable split regex (letters may run across single spaces), like EXAONE 4.5's.
@@ -137,19 +142,28 @@ def make_extended(base: dict, folder: Path | None = None) -> tuple[dict, Extende
     merges = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
     merges[40], merges[41] = merges[41], merges[40]
     new_pairs = [
-        (" give", " them"), ("give", " them"), (" the", " results"), (" the", " meeting"),
-        (" 도움이", " 필요하시다면"), (" 언제든지", " 문의해"), (" 주세요", "."), (" small", " model"),
-        ("The", " quick"), (" lazy", " dog"), (" next", " steps"), (" tokens", " that"),
-    ]  # fmt: skip
+        (" give", " them"),
+        ("give", " them"),
+        (" the", " results"),
+        (" the", " meeting"),
+        (" 도움이", " 필요하시다면"),
+        (" 언제든지", " 문의해"),
+        (" 주세요", "."),
+        (" small", " model"),
+        ("The", " quick"),
+        (" lazy", " dog"),
+        (" next", " steps"),
+        (" tokens", " that"),
+    ]
     added_new = 0
     multiword = 0
     nid = v
     for left, right in new_pairs:
-        l, r = _bl(left), _bl(right)
-        if l not in vocab or r not in vocab or (l + r) in vocab:
+        lb, rb = _bl(left), _bl(right)
+        if lb not in vocab or rb not in vocab or (lb + rb) in vocab:
             raise AssertionError(f"fixture corpus changed: {left!r}+{right!r} not mergeable")
-        vocab[l + r] = nid
-        merges.append(f"{l} {r}")
+        vocab[lb + rb] = nid
+        merges.append(f"{lb} {rb}")
         nid += 1
         added_new += 1
         multiword += any(c.isalpha() for c in left.rstrip()[-1:]) and right.startswith(" ") and right[1:2].isalpha()
@@ -162,7 +176,15 @@ def make_extended(base: dict, folder: Path | None = None) -> tuple[dict, Extende
     eot_b = nid
     vocab["<|endofturn|>"] = eot_b
     doc["added_tokens"].append(
-        {"id": eot_b, "content": "<|endofturn|>", "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+        {
+            "id": eot_b,
+            "content": "<|endofturn|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
     )
     doc["normalizer"] = {"type": "NFC"}
     doc["pre_tokenizer"] = {
@@ -174,10 +196,20 @@ def make_extended(base: dict, folder: Path | None = None) -> tuple[dict, Extende
     }
     n_base = v - len(SPECIALS)
     facts = ExtendedFacts(
-        identical_prefix=4, same_id=n_base - 2, moved=2, only_a=0, only_b=added_new,
-        merges_prefix=40, merges_shared=len(base["model"]["merges"]), merges_only_b=added_new,
-        multiword_b=multiword, eot_a=4, eot_b=eot_b, base_size_a=n_base, base_size_b=n_base + added_new,
-    )  # fmt: skip
+        identical_prefix=4,
+        same_id=n_base - 2,
+        moved=2,
+        only_a=0,
+        only_b=added_new,
+        merges_prefix=40,
+        merges_shared=len(base["model"]["merges"]),
+        merges_only_b=added_new,
+        multiword_b=multiword,
+        eot_a=4,
+        eot_b=eot_b,
+        base_size_a=n_base,
+        base_size_b=n_base + added_new,
+    )
     if folder is not None:
         cfg = base_config() | {
             "eos_token": "<|endofturn|>",
@@ -197,24 +229,40 @@ def train_sentencepiece(folder: Path | None = None, *, vocab_size: int = 700) ->
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size + 256, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False,
+        vocab_size=vocab_size + 256,
+        special_tokens=["<unk>", "<s>", "</s>", *byte_tokens],
+        show_progress=False,
         limit_alphabet=1000,
-    )  # fmt: skip
+    )
     tok.train_from_iterator(corpus(), trainer=trainer)
     doc = json.loads(tok.to_str())
     # Byte pieces are ordinary vocabulary entries in SentencePiece models, not added tokens.
     doc["added_tokens"] = [t for t in doc["added_tokens"] if t["content"] in ("<unk>", "<s>", "</s>")]
     if folder is not None:
-        _write(folder, doc, {
-            "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-            "chat_template": "{% for m in messages %}{{ '<s>[' + m['role'] + '] ' + m['content'] + '</s>' }}{% endfor %}"
-                             "{% if add_generation_prompt %}{{ '<s>[assistant] ' }}{% endif %}",
-        })  # fmt: skip
+        _write(
+            folder,
+            doc,
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "chat_template": "{% for m in messages %}{{ '<s>[' + m['role'] + '] ' + m['content'] + '</s>' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<s>[assistant] ' }}{% endif %}",
+            },
+        )
     return doc
 
 
-def tiny_model(folder: Path, tokenizer_dir: Path, *, seed: int = 0, vocab_size: int | None = None, layers: int = 2,
-               hidden: int = 64, max_positions: int = 512) -> Path:
+def tiny_model(
+    folder: Path,
+    tokenizer_dir: Path,
+    *,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    layers: int = 2,
+    hidden: int = 64,
+    max_positions: int = 512,
+) -> Path:
     """A randomly initialised Llama-architecture causal LM saved with its tokenizer files, built
     from a config (no download). Random weights are enough for "output equals plain greedy"."""
     import shutil
@@ -226,11 +274,18 @@ def tiny_model(folder: Path, tokenizer_dir: Path, *, seed: int = 0, vocab_size: 
 
     view = load_tokenizer(tokenizer_dir)
     cfg = LlamaConfig(
-        vocab_size=vocab_size or view.size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        bos_token_id=view.roles.get("bos"), eos_token_id=view.roles.get("eos"), pad_token_id=view.roles.get("pad"),
+        vocab_size=vocab_size or view.size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=view.roles.get("bos"),
+        eos_token_id=view.roles.get("eos"),
+        pad_token_id=view.roles.get("pad"),
         tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # sharper logits than the default init, so greedy paths are not all ties

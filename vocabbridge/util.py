@@ -6,6 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import InputFileError
+
 
 def _read_umask() -> int:
     mask = os.umask(0)
@@ -56,3 +58,16 @@ def common_prefix_len(xs, ys) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def read_text_file(path: str | Path) -> str:
+    """A UTF-8 text file's content; a missing or non-UTF-8 file is an error saying which."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise InputFileError(f"{p}: no such text file.") from e
+    except IsADirectoryError as e:
+        raise InputFileError(f"{p} is a folder; give a text file.") from e
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{p}: not UTF-8 text (byte {e.start}); pass UTF-8 files to --text.") from e

@@ -7,17 +7,42 @@ out of the averages, acceptance from ``/metrics`` deltas, a concurrency sweep; t
 >>> res.config("ngram").overall.acceptance_rate  # doctest: +SKIP
 """
 
-from .errors import BenchError, LaunchError, MetricsError, PromptFileError, ServerError
+from ..errors import BenchError, LaunchError, MetricsError, PromptFileError, ServerError
+from .counters import Counters, SpecDelta, counter_delta, parse_counters
 from .launch import DrafterChoice, LaunchSettings, bench_launched, parse_drafters
-from .metrics import Counters, SpecDelta, counter_delta, parse_counters
+from .outputs import markdown_report, sections, write_outputs
 from .prompts import Prompt, load_prompts, parse_prompts, select_prompts
 from .protocol import BenchSettings, Progress, bench_endpoint, bench_urls
-from .report import markdown_report, sections, write_outputs
 from .results import BenchResult, ConfigResult, Endpoint, Figures, RequestResult
 
 __all__ = [
-    "BenchError", "BenchResult", "BenchSettings", "ConfigResult", "Counters", "DrafterChoice", "Endpoint", "Figures",
-    "LaunchError", "LaunchSettings", "MetricsError", "Progress", "Prompt", "PromptFileError", "RequestResult", "ServerError",
-    "SpecDelta", "bench_endpoint", "bench_launched", "bench_urls", "counter_delta", "load_prompts", "markdown_report",
-    "parse_counters", "parse_drafters", "parse_prompts", "sections", "select_prompts", "write_outputs",
-]  # fmt: skip
+    "BenchError",
+    "BenchResult",
+    "BenchSettings",
+    "ConfigResult",
+    "Counters",
+    "DrafterChoice",
+    "Endpoint",
+    "Figures",
+    "LaunchError",
+    "LaunchSettings",
+    "MetricsError",
+    "Progress",
+    "Prompt",
+    "PromptFileError",
+    "RequestResult",
+    "ServerError",
+    "SpecDelta",
+    "bench_endpoint",
+    "bench_launched",
+    "bench_urls",
+    "counter_delta",
+    "load_prompts",
+    "markdown_report",
+    "parse_counters",
+    "parse_drafters",
+    "parse_prompts",
+    "sections",
+    "select_prompts",
+    "write_outputs",
+]

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from .errors import ServerError
-from .metrics import Counters, parse_counters
+from ..errors import ServerError
+from .counters import Counters, parse_counters
 
 
 @dataclass
@@ -66,8 +66,7 @@ class BenchClient:
         self.url = base_url(url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = httpx.Client(base_url=self.url, headers=headers, limits=limits,
-                                  timeout=httpx.Timeout(timeout, connect=10.0))  # fmt: skip
+        self._http = httpx.Client(base_url=self.url, headers=headers, limits=limits, timeout=httpx.Timeout(timeout, connect=10.0))
 
     def close(self) -> None:
         self._http.close()
@@ -87,8 +86,9 @@ class BenchClient:
         except httpx.HTTPError as e:
             raise ServerError(f"{self.url} is not reachable ({e}); is the server running, and is the URL right?") from None
         if r.status_code != 200:
-            raise ServerError(f"{self.url}/v1/models answered {r.status_code}: {_error_text(r)}; "
-                              "is this an OpenAI-compatible server?")
+            raise ServerError(
+                f"{self.url}/v1/models answered {r.status_code}: {_error_text(r)}; is this an OpenAI-compatible server?"
+            )
         try:
             data = r.json()["data"]
             return str(data[0]["id"])
@@ -107,11 +107,23 @@ class BenchClient:
 
     # ==== one request ====================================================================
 
-    def chat(self, model: str, messages: list[dict[str, str]], *, max_tokens: int, temperature: float | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> Completion:  # fmt: skip
+    def chat(
+        self,
+        model: str,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> Completion:
         """Stream one chat completion and time it; errors are returned in ``Completion.error``."""
-        body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-                                "stream_options": {"include_usage": True}}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if temperature is not None:
             body["temperature"] = temperature
         if chat_template_kwargs:
@@ -177,4 +189,3 @@ def _error_text(r: httpx.Response) -> str:
         return _message(r.json().get("error") or r.json().get("detail") or r.text)[:300]
     except (ValueError, AttributeError):
         return r.text[:300] or r.reason_phrase
-

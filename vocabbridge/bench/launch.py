@@ -28,16 +28,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.factory import MODES, EngineSpec
-from ..errors import VocabBridgeError
-from .errors import BenchError, LaunchError
+import httpx
+
+from ..errors import BenchError, LaunchError, VocabBridgeError
+from ..server.vllm_backend import choose_backend
+from ..spec import METHOD_NAMES, MODEL_MODES, EngineSpec
+from ..spec import serve_argv as spec_argv
 from .prompts import Prompt
 from .protocol import BenchSettings, Progress, bench_endpoint, finish
 from .results import BenchResult, ConfigResult, Endpoint
 
 HOST = "127.0.0.1"
-SERVE_FLAGS = {"map_path": "--map", "num_speculative_tokens": "-k", "adaptive_k": "--adaptive-k"}  # else --field-name
-NOT_SERVE_OPTIONS = ("target", "drafter", "map_mode")  # given first / not a serve option (serve builds maps in bytes mode)
+NOT_SERVE_OPTIONS = ("target", "drafter")  # given first, before the options that differ from their defaults
+MODES = ("auto", *MODEL_MODES)
 LAUNCHES = ("auto", "inprocess", "subprocess")
 
 
@@ -59,14 +62,15 @@ def parse_drafters(text: str) -> list[DrafterChoice]:
     out: list[DrafterChoice] = []
     for item in (s.strip() for s in text.split(",")):
         if not item:
-            raise BenchError(f"--drafters {text!r} has an empty item; "
-                             "write e.g. none,ngram,qwen2.5-coder-0.5b,smollm2-135m:text.")
+            raise BenchError(
+                f"--drafters {text!r} has an empty item; write e.g. none,ngram,qwen2.5-coder-0.5b,smollm2-135m:text."
+            )
         head, colon, tail = item.rpartition(":")
         hybrid = tail.startswith("ngram+") and tail[len("ngram+") :] in MODES
         mode_part = tail[len("ngram+") :] if hybrid else tail
         drafter, mode = (head, mode_part) if colon and head and mode_part in MODES else (item, "auto")
         hybrid = hybrid and drafter == head
-        if (mode != "auto" or hybrid) and drafter in ("none", "ngram", "mtp"):
+        if (mode != "auto" or hybrid) and drafter in METHOD_NAMES:
             raise BenchError(f"--drafters: {item}: a mode applies to model drafters only; write {drafter}.")
         out.append(DrafterChoice(item, drafter, mode, hybrid))
     names = [d.name for d in out]
@@ -74,7 +78,7 @@ def parse_drafters(text: str) -> list[DrafterChoice]:
     if dup:
         raise BenchError(f"--drafters lists {', '.join(dup)} more than once.")
     # Paths are named by their last part ("/models/draft.gguf:text" → "draft.gguf:text") unless that is ambiguous.
-    short = [Path(d.drafter).name + d.name[len(d.drafter):] if os.sep in d.drafter else d.name for d in out]
+    short = [Path(d.drafter).name + d.name[len(d.drafter) :] if os.sep in d.drafter else d.name for d in out]
     return [dataclasses.replace(d, name=s) for d, s in zip(out, short)] if len(set(short)) == len(short) else out
 
 
@@ -99,24 +103,13 @@ class LaunchSettings:
         return dataclasses.replace(self.base, drafter=d.drafter, mode=d.mode, ngram_first=d.ngram_first or self.base.ngram_first)
 
 
-def vllm_usable() -> bool:
-    """vLLM importable and a CUDA GPU present (what ``serve --backend auto`` picks vLLM on)."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def resolve_launch(ls: LaunchSettings) -> tuple[str, str]:
     """(inprocess | subprocess, why)."""
     if ls.launch != "auto":
         return ls.launch, "asked for"
     if ls.backend == "vllm":
         return "subprocess", "the vLLM backend runs as its own server"
-    if ls.backend == "auto" and vllm_usable():
+    if ls.backend == "auto" and choose_backend("auto")[0] == "vllm":
         return "subprocess", "backend auto picks vLLM here (vLLM installed, CUDA GPU present)"
     return "inprocess", "embedded backend: one process, models loaded once and reused by every configuration"
 
@@ -127,21 +120,27 @@ def free_port(host: str = HOST) -> int:
         return s.getsockname()[1]
 
 
-def serve_argv(spec: EngineSpec, *, backend: str, port: int, host: str = HOST, max_num_seqs: int | None = None,
-               extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+def serve_argv(
+    spec: EngineSpec, *, backend: str, port: int, host: str = HOST, max_num_seqs: int | None = None, extra: tuple[str, ...] = ()
+) -> list[str]:
     """The ``vocabbridge serve`` command for one configuration (engine options that differ from the defaults).
 
     >>> serve_argv(EngineSpec(target="t", drafter="d", mode="text", num_speculative_tokens=3), backend="embedded", port=9)[3:]
     ['serve', '--target', 't', '--drafter', 'd', '--mode', 'text', '-k', '3', '--backend', 'embedded', '--host', '127.0.0.1', '--port', '9']
     """
-    argv = [sys.executable, "-m", "vocabbridge", "serve", "--target", spec.target_name, "--drafter", spec.drafter]
-    for f in dataclasses.fields(EngineSpec):  # every engine option that differs from its default, as serve spells it
-        value = getattr(spec, f.name)
-        if f.name in NOT_SERVE_OPTIONS or value == f.default:
-            continue
-        flag = SERVE_FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
-        argv += [flag] if isinstance(value, bool) else [flag, str(value)]
-    argv += ["--backend", backend, "--host", host, "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "vocabbridge",
+        "serve",
+        *spec_argv(spec),
+        "--backend",
+        backend,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     if max_num_seqs:
         argv += ["--max-num-seqs", str(max_num_seqs)]
     return argv + list(extra)
@@ -156,7 +155,6 @@ def _tail(path: Path, n: int = 20) -> str:
 
 
 def _healthy(url: str) -> bool:
-    import httpx
 
     try:
         return httpx.get(url + "/health", timeout=5.0).status_code == 200
@@ -179,15 +177,27 @@ def subprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str) -> Ite
         deadline = t0 + ls.startup_timeout
         while not _healthy(url):
             if proc.poll() is not None:
-                raise LaunchError(f"{name}: `vocabbridge serve` exited with status {proc.returncode} before it was ready; "
-                                  f"its last lines ({log}):\n{_tail(log)}")  # fmt: skip
+                raise LaunchError(
+                    f"{name}: `vocabbridge serve` exited with status {proc.returncode} before it was ready; "
+                    f"its last lines ({log}):\n{_tail(log)}"
+                )
             if time.perf_counter() > deadline:
-                raise LaunchError(f"{name}: {url}/health did not answer 200 within {ls.startup_timeout:.0f} s "
-                                  f"(--startup-timeout to wait longer); its last lines ({log}):\n{_tail(log)}")  # fmt: skip
+                raise LaunchError(
+                    f"{name}: {url}/health did not answer 200 within {ls.startup_timeout:.0f} s "
+                    f"(--startup-timeout to wait longer); its last lines ({log}):\n{_tail(log)}"
+                )
             time.sleep(0.5)
-        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "ngram_first": spec.ngram_first,
-                  "num_speculative_tokens": spec.num_speculative_tokens, "backend": ls.backend, "launch": "subprocess", "command": argv[3:],
-                  "startup_seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
+        launch = {
+            "target": spec.target_name,
+            "drafter": spec.drafter,
+            "mode": spec.mode,
+            "ngram_first": spec.ngram_first,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "backend": ls.backend,
+            "launch": "subprocess",
+            "command": argv[3:],
+            "startup_seconds": round(time.perf_counter() - t0, 2),
+        }
         yield Endpoint(name, url, launch)
     except BaseException:
         stop_process(proc)
@@ -213,6 +223,8 @@ def stop_process(proc: subprocess.Popen, *, grace: float = 30.0) -> int:
 @contextlib.contextmanager
 def inprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded: dict) -> Iterator[Endpoint]:
     """The engine built in this process (models reused from ``loaded``), served on a loopback port."""
+    # Imported here, not at the top: the bench is a client for any server and must not need torch
+    # (`import vocabbridge.bench` stays torch-free; tests/test_spec.py checks it).
     from ..engine.factory import build_engine
     from ..server import serve_in_thread
 
@@ -221,14 +233,30 @@ def inprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded:
     load_s = time.perf_counter() - t0
     kw = {"max_num_seqs": ls.max_num_seqs} if ls.max_num_seqs else {}
     with serve_in_thread(built, host=HOST, port=0, **kw) as handle:
-        launch = {"target": spec.target_name, "drafter": spec.drafter, "mode": spec.mode, "ngram_first": spec.ngram_first, "running": built.mode,
-                  "num_speculative_tokens": spec.num_speculative_tokens, "backend": "embedded", "launch": "inprocess",
-                  "engine": built.describe(), "load_seconds": round(load_s, 2)}  # fmt: skip
+        launch = {
+            "target": spec.target_name,
+            "drafter": spec.drafter,
+            "mode": spec.mode,
+            "ngram_first": spec.ngram_first,
+            "running": built.mode,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "backend": "embedded",
+            "launch": "inprocess",
+            "engine": built.describe(),
+            "load_seconds": round(load_s, 2),
+        }
         yield Endpoint(name, handle.url, launch)
 
 
-def bench_launched(drafters: list[DrafterChoice], ls: LaunchSettings, prompts: list[Prompt], settings: BenchSettings, *,
-                   progress: Progress | None = None, loaded: dict | None = None) -> BenchResult:  # fmt: skip
+def bench_launched(
+    drafters: list[DrafterChoice],
+    ls: LaunchSettings,
+    prompts: list[Prompt],
+    settings: BenchSettings,
+    *,
+    progress: Progress | None = None,
+    loaded: dict | None = None,
+) -> BenchResult:
     """Start, benchmark and stop each configuration in turn; one that cannot start is reported, not fatal."""
     progress = progress or Progress()
     names = [d.name for d in drafters]
@@ -251,8 +279,9 @@ def bench_launched(drafters: list[DrafterChoice], ls: LaunchSettings, prompts: l
             with server as endpoint:
                 configs.append(bench_endpoint(endpoint, prompts, settings, progress=progress))
         except VocabBridgeError as e:
-            failed = ConfigResult(Endpoint(d.name, "", {"target": spec.target_name, "drafter": d.drafter, "mode": d.mode}),
-                                  error=str(e))  # fmt: skip
+            failed = ConfigResult(
+                Endpoint(d.name, "", {"target": spec.target_name, "drafter": d.drafter, "mode": d.mode}), error=str(e)
+            )
             configs.append(failed)
             progress.message(f"{d.name}: failed: {e}")
     where = "in this process" if how == "inprocess" else "as `vocabbridge serve` subprocesses"

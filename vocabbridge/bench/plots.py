@@ -43,9 +43,16 @@ def plot_tokens_per_second(res: BenchResult, path: Path) -> Path:
         for b, k in zip(bars, keys):
             f = figs.get(k)
             if f is not None and f.speedup is not None:
-                ax.annotate(f"×{f.speedup:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
-                            va="bottom", fontsize=7, rotation=90 if len(configs) > 3 else 0, xytext=(0, 2),
-                            textcoords="offset points")  # fmt: skip
+                ax.annotate(
+                    f"×{f.speedup:.2f}",
+                    (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    rotation=90 if len(configs) > 3 else 0,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                )
     label = {None: "", True: "\nthinking", False: "\nno thinking"}
     ax.set_xticks(range(len(keys)), [f"{p}{label[t]}" for p, t in keys], fontsize=8)
     ax.set_ylabel("decode tokens/s (mean)")
@@ -65,8 +72,12 @@ def plot_acceptance_by_position(res: BenchResult, path: Path) -> Path:
         acc = c.overall.per_position_acceptance if c.error is None else []
         if acc:  # a configuration that drafted (0 % accepted is a result too)
             rate = c.overall.acceptance_rate
-            ax.plot(range(1, len(acc) + 1), [100 * a for a in acc], marker="o",
-                    label=f"{c.name} (acceptance {100 * rate:.1f} %)" if rate is not None else c.name)
+            ax.plot(
+                range(1, len(acc) + 1),
+                [100 * a for a in acc],
+                marker="o",
+                label=f"{c.name} (acceptance {100 * rate:.1f} %)" if rate is not None else c.name,
+            )
             drew = True
     if drew:
         ax.set_xlabel("draft position")
@@ -111,7 +122,7 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_plots(res: BenchResult, out_dir: Path) -> dict[str, Path]:
-    from .report import PLOTS
+    from .outputs import PLOTS
 
     return {
         "tokens_per_second": plot_tokens_per_second(res, out_dir / PLOTS["tokens_per_second"]),

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import PromptFileError
+from ..errors import PromptFileError
 
 BUILTIN_SUITE = "suite.jsonl"
 FIELDS = {"id", "category", "language", "messages", "max_tokens"}
@@ -39,8 +39,12 @@ class Prompt:
         return sum(len(m["content"]) for m in self.messages)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "category": self.category, "language": self.language,
-                             "messages": [dict(m) for m in self.messages]}  # fmt: skip
+        d: dict[str, Any] = {
+            "id": self.id,
+            "category": self.category,
+            "language": self.language,
+            "messages": [dict(m) for m in self.messages],
+        }
         if self.max_tokens is not None:
             d["max_tokens"] = self.max_tokens
         return d
@@ -73,8 +77,9 @@ def parse_prompts(text: str, *, source: str = "<prompts>") -> list[Prompt]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise PromptFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); "
-                                  "each line must be one JSON object.") from None
+            raise PromptFileError(
+                f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object."
+            ) from None
         p = _prompt_from_obj(obj, where)
         if p.id in seen:
             raise PromptFileError(f"{where}: id {p.id!r} already used on line {seen[p.id]}; ids must be unique.")
@@ -96,10 +101,10 @@ def _prompt_from_obj(obj: Any, where: str) -> Prompt:
             raise PromptFileError(f"{where}: {key!r} must be a non-empty string.")
     language = obj.get("language", "")
     if not isinstance(language, str):
-        raise PromptFileError(f"{where}: 'language' must be a string such as \"en\" or \"ko\".")
+        raise PromptFileError(f'{where}: \'language\' must be a string such as "en" or "ko".')
     messages = obj.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise PromptFileError(f"{where}: 'messages' must be a non-empty list of {{\"role\", \"content\"}} objects.")
+        raise PromptFileError(f'{where}: \'messages\' must be a non-empty list of {{"role", "content"}} objects.')
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or set(m) - {"role", "content"} or not isinstance(m.get("content"), str):
             raise PromptFileError(f"{where}: messages[{i}] must be an object with a string 'role' and a string 'content' only.")
@@ -108,8 +113,13 @@ def _prompt_from_obj(obj: Any, where: str) -> Prompt:
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise PromptFileError(f"{where}: 'max_tokens' must be a positive integer (or left out), got {max_tokens!r}.")
-    return Prompt(id=obj["id"], category=obj["category"], messages=tuple(dict(m) for m in messages),
-                  language=language, max_tokens=max_tokens)  # fmt: skip
+    return Prompt(
+        id=obj["id"],
+        category=obj["category"],
+        messages=tuple(dict(m) for m in messages),
+        language=language,
+        max_tokens=max_tokens,
+    )
 
 
 def select_prompts(prompts: list[Prompt], *, categories: list[str] | None = None, ids: list[str] | None = None) -> list[Prompt]:

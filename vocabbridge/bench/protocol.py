@@ -15,15 +15,18 @@ Per configuration:
 
 from __future__ import annotations
 
+import os
+import platform
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .. import __version__
+from ..errors import BenchError, MetricsError
 from .client import BenchClient, Completion
-from .errors import BenchError, MetricsError
-from .metrics import Counters, SpecDelta, counter_delta
+from .counters import Counters, SpecDelta, counter_delta
 from .prompts import Prompt
 from .results import BenchResult, ConcurrencyFigures, ConfigResult, Endpoint, RequestResult, apply_speedups, pick_baseline
 
@@ -113,12 +116,19 @@ class _Runner:
 
     def chat(self, prompt: Prompt, thinking: bool | None) -> Completion:
         s = self.settings
-        return self.client.chat(self.model, [dict(m) for m in prompt.messages], max_tokens=prompt.max_tokens or s.max_tokens,
-                                temperature=s.temperature, chat_template_kwargs=_kwargs(thinking))  # fmt: skip
+        return self.client.chat(
+            self.model,
+            [dict(m) for m in prompt.messages],
+            max_tokens=prompt.max_tokens or s.max_tokens,
+            temperature=s.temperature,
+            chat_template_kwargs=_kwargs(thinking),
+        )
 
     def one(self, prompt: Prompt, thinking: bool | None, *, phase: str, repeat: int) -> RequestResult:
-        self.progress.request_started(f"{self.endpoint.name}: {prompt.id}{_thinking_label(thinking)}"
-                                      + (" [warm-up]" if phase == "warmup" else f" [{repeat + 1}/{self.settings.repeats}]"))  # fmt: skip
+        self.progress.request_started(
+            f"{self.endpoint.name}: {prompt.id}{_thinking_label(thinking)}"
+            + (" [warm-up]" if phase == "warmup" else f" [{repeat + 1}/{self.settings.repeats}]")
+        )
         before = self.scrape()
         comp = self.chat(prompt, thinking)
         delta = self.scrape_after(before, 1) if comp.ok else None
@@ -146,21 +156,29 @@ class _Runner:
         delta = self.scrape_after(before, c)
         out = []
         for i, (p, comp) in enumerate(zip(jobs, comps)):
-            r = RequestResult(self.endpoint.name, "concurrency", p.id, p.category, thinking, i, c, comp,
-                              delta if c == 1 and comp.ok else None)  # fmt: skip
+            r = RequestResult(
+                self.endpoint.name, "concurrency", p.id, p.category, thinking, i, c, comp, delta if c == 1 and comp.ok else None
+            )
             self.progress.request_done(r)
             out.append(r)
         return ConcurrencyFigures(c, out, max(ends) - min(starts), delta)
 
 
-def bench_endpoint(endpoint: Endpoint, prompts: list[Prompt], settings: BenchSettings, *, api_key: str | None = None,
-                   progress: Progress | None = None) -> ConfigResult:  # fmt: skip
+def bench_endpoint(
+    endpoint: Endpoint,
+    prompts: list[Prompt],
+    settings: BenchSettings,
+    *,
+    api_key: str | None = None,
+    progress: Progress | None = None,
+) -> ConfigResult:
     """Run the protocol against one server."""
     progress = progress or Progress()
     res = ConfigResult(endpoint)
     progress.config_started(endpoint.name, settings.requests_per_config(len(prompts)))
-    with BenchClient(endpoint.url, api_key=api_key, timeout=settings.request_timeout,
-                     max_connections=max(settings.concurrency + (1,)) + 2) as client:  # fmt: skip
+    with BenchClient(
+        endpoint.url, api_key=api_key, timeout=settings.request_timeout, max_connections=max(settings.concurrency + (1,)) + 2
+    ) as client:
         run = _Runner(client, endpoint, settings, progress)
         run.model = res.model = client.model()
         try:
@@ -200,8 +218,9 @@ def _gaps(res: ConfigResult) -> list[str]:
     spec = res.overall.spec
     if res.metrics_available and spec is not None:
         if not spec.spec_counters:
-            out.append("no spec-decode counters in /metrics (the server drafts nothing): 0 accepted, "
-                       "one target forward per token")
+            out.append(
+                "no spec-decode counters in /metrics (the server drafts nothing): 0 accepted, one target forward per token"
+            )
         elif spec.drafts is None:
             out.append("mean acceptance length: the server exposes no vllm:spec_decode_num_drafts counter")
         for n in spec.notes:
@@ -211,13 +230,10 @@ def _gaps(res: ConfigResult) -> list[str]:
     return out
 
 
-def finish(configs: list[ConfigResult], prompts: list[Prompt], settings: BenchSettings, *,
-           notes: list[str] | None = None) -> BenchResult:  # fmt: skip
+def finish(
+    configs: list[ConfigResult], prompts: list[Prompt], settings: BenchSettings, *, notes: list[str] | None = None
+) -> BenchResult:
     """Pick the baseline, compute speedups, and wrap everything up."""
-    import os
-    import platform
-
-    from .. import __version__
 
     names = [c.name for c in configs]
     if settings.baseline and settings.baseline not in names:
@@ -228,15 +244,35 @@ def finish(configs: list[ConfigResult], prompts: list[Prompt], settings: BenchSe
     if baseline is None:
         notes.append("speedup not measured: no no-drafting configuration (name one 'none', or pass --baseline NAME)")
     notes.append("acceptance at concurrency > 1 is over the whole wave (counter deltas cannot be split per request)")
-    env = {"vocabbridge": __version__, "python": platform.python_version(), "platform": platform.platform(),
-           "machine": platform.machine(), "cpu_count": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S %z")}  # fmt: skip
-    return BenchResult(settings=asdict(settings), prompts=[{"id": p.id, "category": p.category, "language": p.language,
-                       "chars": p.chars, "max_tokens": p.max_tokens} for p in prompts], configs=configs,
-                       baseline=baseline, notes=notes, environment=env)  # fmt: skip
+    env = {
+        "vocabbridge": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+    return BenchResult(
+        settings=asdict(settings),
+        prompts=[
+            {"id": p.id, "category": p.category, "language": p.language, "chars": p.chars, "max_tokens": p.max_tokens}
+            for p in prompts
+        ],
+        configs=configs,
+        baseline=baseline,
+        notes=notes,
+        environment=env,
+    )
 
 
-def bench_urls(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, *, api_key: str | None = None,
-               progress: Progress | None = None) -> BenchResult:  # fmt: skip
+def bench_urls(
+    endpoints: list[Endpoint],
+    prompts: list[Prompt],
+    settings: BenchSettings,
+    *,
+    api_key: str | None = None,
+    progress: Progress | None = None,
+) -> BenchResult:
     """Benchmark running servers one after the other."""
     names = [e.name for e in endpoints]
     if len(set(names)) != len(names):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .client import Completion
-from .metrics import SpecDelta
+from .counters import SpecDelta
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,18 @@ class Figures:
             spec = r.metrics if spec is None else spec + r.metrics
         tps = [r.decode_tokens_per_second for r in ok]
         return cls(
-            requests=len(ok), failed=len(results) - len(ok), decode_tokens_per_second=_mean(tps),
-            decode_tokens_per_second_stdev=_stdev(tps), ttft=_mean([r.ttft for r in ok]),
-            total_time=_mean([r.total_time for r in ok]), output_tokens=_mean([r.output_tokens for r in ok]),
-            measured_requests=len(measured), spec=spec, target_forwards=_mean([r.target_forwards for r in measured]),
+            requests=len(ok),
+            failed=len(results) - len(ok),
+            decode_tokens_per_second=_mean(tps),
+            decode_tokens_per_second_stdev=_stdev(tps),
+            ttft=_mean([r.ttft for r in ok]),
+            total_time=_mean([r.total_time for r in ok]),
+            output_tokens=_mean([r.output_tokens for r in ok]),
+            measured_requests=len(measured),
+            spec=spec,
+            target_forwards=_mean([r.target_forwards for r in measured]),
             generated_measured=sum(r.output_tokens for r in measured),
-        )  # fmt: skip
+        )
 
     @property
     def acceptance_rate(self) -> float | None:

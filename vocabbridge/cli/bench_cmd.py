@@ -8,6 +8,25 @@ import sys
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from ..bench import (
+    BenchSettings,
+    Endpoint,
+    LaunchSettings,
+    bench_launched,
+    bench_urls,
+    load_prompts,
+    parse_drafters,
+    select_prompts,
+    write_outputs,
+)
+from ..bench.client import base_url
+from ..bench.outputs import sections
+from ..errors import BenchError
+from ..report import print_sections, to_json
+from .common import OUTPUT_DIR, spec_options
 
 
 def _int_list(ctx, param, value: str) -> tuple[int, ...]:
@@ -30,8 +49,6 @@ class _Progress:
     """Progress bars on a terminal; one line per request otherwise (logs, CI)."""
 
     def __init__(self):
-        from rich.console import Console
-
         self.console = Console(stderr=True)
         self.tty = sys.stderr.isatty()
         self.bars = None
@@ -41,10 +58,15 @@ class _Progress:
 
     def __enter__(self):
         if self.tty:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self.bars = Progress(SpinnerColumn(), TextColumn("{task.fields[config]:<22}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console)  # fmt: skip
+            self.bars = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.fields[config]:<22}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+            )
             self.bars.start()
         return self
 
@@ -88,50 +110,84 @@ def _command_line() -> str | None:
 
 
 @click.command("bench")
-@click.option("--url", "urls", multiple=True, metavar="URL", help="A running OpenAI-compatible server (ours or vLLM); repeatable.")
+@spec_options(exclude=("drafter", "mode"), engine=False)
+@click.option(
+    "--url", "urls", multiple=True, metavar="URL", help="A running OpenAI-compatible server (ours or vLLM); repeatable."
+)
 @click.option("--name", "names", multiple=True, help="A name for each --url, in order. [default: host:port]")
-@click.option("--target", metavar="MODEL", help="The target every started configuration serves (preset, folder, .gguf, hub id).")
-@click.option("--drafters", metavar="LIST",
-              help="Configurations to start in turn: none,ngram,MODEL[:[ngram+]draft|bridged|text],...")  # fmt: skip
-@click.option("--backend", type=click.Choice(["auto", "embedded", "vllm"]), default="auto", show_default=True,
-              help="As `vocabbridge serve --backend`.")  # fmt: skip
-@click.option("--launch", type=click.Choice(["auto", "inprocess", "subprocess"]), default="auto", show_default=True,
-              help="auto: in this process for the embedded backend (models load once for all configurations), "
-                   "`vocabbridge serve` subprocesses for vLLM.")  # fmt: skip
-@click.option("-k", "--num-speculative-tokens", default=4, show_default=True, type=click.IntRange(1, 64))
-@click.option("--prompt-lookup-min", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--min-confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
-              help="As `vocabbridge serve --min-confidence` (model drafters).")  # fmt: skip
-@click.option("--adaptive-k/--fixed-k", default=False, show_default=True, help="As `vocabbridge serve --adaptive-k`.")
-@click.option("--ngram-first/--no-ngram-first", default=False, show_default=True,
-              help="Model drafters try prompt lookup first (per configuration: MODEL:ngram+MODE).")  # fmt: skip
-@click.option("--dtype", default="auto", show_default=True, help="Target dtype for started configurations.")
-@click.option("--drafter-dtype", default="auto", show_default=True, help="Drafter dtype (auto: int8 weights on CPU).")
-@click.option("--device", default="auto", show_default=True)
+@click.option(
+    "--drafters", metavar="LIST", help="Configurations to start in turn: none,ngram,MODEL[:[ngram+]draft|bridged|text],..."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "embedded", "vllm"]),
+    default="auto",
+    show_default=True,
+    help="As `vocabbridge serve --backend`.",
+)
+@click.option(
+    "--launch",
+    type=click.Choice(["auto", "inprocess", "subprocess"]),
+    default="auto",
+    show_default=True,
+    help="auto: in this process for the embedded backend (models load once for all configurations), "
+    "`vocabbridge serve` subprocesses for vLLM.",
+)
 @click.option("--max-num-seqs", type=click.IntRange(1), help="Requests a started server generates at once.")
-@click.option("--startup-timeout", default=1200.0, show_default=True, type=click.FloatRange(1),
-              help="Seconds to wait for a started server.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="A JSONL prompt suite of your own. [default: the built-in five-category suite]")  # fmt: skip
+@click.option(
+    "--startup-timeout", default=1200.0, show_default=True, type=click.FloatRange(1), help="Seconds to wait for a started server."
+)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A JSONL prompt suite of your own. [default: the built-in five-category suite]",
+)
 @click.option("--categories", metavar="LIST", help="Only these categories (comma-separated), e.g. korean_chat,code_generation.")
 @click.option("--prompt-ids", metavar="LIST", help="Only these prompt ids (comma-separated).")
-@click.option("--thinking", type=click.Choice(["model", "on", "off", "both"]), default="model", show_default=True,
-              help="chat_template_kwargs.enable_thinking: model sends nothing (the template's default).")  # fmt: skip
+@click.option(
+    "--thinking",
+    type=click.Choice(["model", "on", "off", "both"]),
+    default="model",
+    show_default=True,
+    help="chat_template_kwargs.enable_thinking: model sends nothing (the template's default).",
+)
 @click.option("--max-tokens", default=400, show_default=True, type=click.IntRange(1), help="Output tokens per request.")
-@click.option("--repeats", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(1), help="Times each prompt is measured.")
 @click.option("--temperature", type=click.FloatRange(0), help="0 = greedy. [default: left out: the server's / model's own]")
 @click.option("--concurrency", default="1,4,8", show_default=True, callback=_int_list, help="Concurrency levels (or none).")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One request per configuration, reported apart.")
 @click.option("--baseline", help="The no-drafting configuration speedups are against. [default: the one named none]")
 @click.option("--api-key", envvar="VOCABBRIDGE_API_KEY", help="Bearer token for --url servers.")
-@click.option("--request-timeout", default=1800.0, show_default=True, type=click.FloatRange(1))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write results.json, report.md and the PNG plots here.")  # fmt: skip
+@click.option(
+    "--request-timeout", default=1800.0, show_default=True, type=click.FloatRange(1), help="Seconds one request may take."
+)
+@click.option("--out", "out_dir", type=OUTPUT_DIR, help="Write results.json, report.md and the PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (tables are not printed).")
-def bench_cmd(urls, names, target, drafters, backend, launch, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-              min_confidence, adaptive_k, ngram_first, dtype, drafter_dtype, device, max_num_seqs, startup_timeout, prompts_file, categories, prompt_ids, thinking, max_tokens, repeats,
-              temperature, concurrency, warmup, baseline, api_key, request_timeout, out_dir, as_json):  # fmt: skip
+def bench_cmd(
+    spec,
+    urls,
+    names,
+    drafters,
+    backend,
+    launch,
+    max_num_seqs,
+    startup_timeout,
+    prompts_file,
+    categories,
+    prompt_ids,
+    thinking,
+    max_tokens,
+    repeats,
+    temperature,
+    concurrency,
+    warmup,
+    baseline,
+    api_key,
+    request_timeout,
+    out_dir,
+    as_json,
+):
     """Compare drafting configurations on the same server hardware, the way the EXAONE study did.
 
     Per configuration: a warm-up request (reported apart, not averaged), then repeats × prompts ×
@@ -146,30 +202,27 @@ def bench_cmd(urls, names, target, drafters, backend, launch, num_speculative_to
           --drafters none,ngram,qwen2.5-coder-0.5b,smollm2-135m:bridged,smollm2-135m:text \\
           --max-tokens 64 --repeats 1 --concurrency 1,4 --temperature 0 --out benchmarks/results/run
     """
-    from ..bench import (BenchSettings, Endpoint, LaunchSettings, bench_launched, bench_urls, load_prompts, parse_drafters,
-                         select_prompts, write_outputs)  # fmt: skip
-    from ..bench.client import base_url
-    from ..bench.errors import BenchError
-    from ..bench.report import sections
-    from ..engine.factory import EngineSpec
-    from ..report import print_sections, to_json
-
     if bool(urls) == bool(drafters):
         raise BenchError("give either --url (running servers) or --drafters (configurations to start), not both or neither.")
     if names and len(names) != len(urls):
         raise BenchError(f"{len(names)} --name for {len(urls)} --url; give one --name per --url, or none.")
     prompts = select_prompts(load_prompts(prompts_file), categories=_names(categories), ids=_names(prompt_ids))
-    settings = BenchSettings(max_tokens=max_tokens, repeats=repeats, thinking=thinking, temperature=temperature,
-                             concurrency=concurrency, warmup=warmup, baseline=baseline, request_timeout=request_timeout)  # fmt: skip
+    settings = BenchSettings(
+        max_tokens=max_tokens,
+        repeats=repeats,
+        thinking=thinking,
+        temperature=temperature,
+        concurrency=concurrency,
+        warmup=warmup,
+        baseline=baseline,
+        request_timeout=request_timeout,
+    )
     with _Progress() as progress:
         if urls:
             endpoints = [Endpoint(n, u) for n, u in zip(names or [base_url(u).split("://", 1)[1] for u in urls], urls)]
             result = bench_urls(endpoints, prompts, settings, api_key=api_key, progress=progress)
         else:
-            base = EngineSpec(target=target, num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
-                              prompt_lookup_max=prompt_lookup_max, min_confidence=min_confidence, adaptive_k=adaptive_k,
-                              ngram_first=ngram_first, dtype=dtype, drafter_dtype=drafter_dtype, device=device)  # fmt: skip
-            ls = LaunchSettings(base, backend=backend, launch=launch, startup_timeout=startup_timeout, max_num_seqs=max_num_seqs)
+            ls = LaunchSettings(spec, backend=backend, launch=launch, startup_timeout=startup_timeout, max_num_seqs=max_num_seqs)
             result = bench_launched(parse_drafters(drafters), ls, prompts, settings, progress=progress)
     if out_dir is not None:
         written = write_outputs(result, out_dir, command=_command_line())
@@ -177,12 +230,12 @@ def bench_cmd(urls, names, target, drafters, backend, launch, num_speculative_to
     if as_json:
         click.echo(to_json(result))
     else:
-        from rich.console import Console
-
         # Wide tables in logs and pipes, where rich would otherwise wrap them at 80 columns.
         console = Console() if sys.stdout.isatty() else Console(width=180)
         print_sections(sections(result), console=console, title="vocabbridge bench")
     failed = [c for c in result.configs if c.error]
     if failed:
-        raise BenchError(f"{len(failed)} of {len(result.configs)} configurations could not be benchmarked; "
-                         f"{failed[0].name}: {failed[0].error.splitlines()[0]}")  # fmt: skip
+        raise BenchError(
+            f"{len(failed)} of {len(result.configs)} configurations could not be benchmarked; "
+            f"{failed[0].name}: {failed[0].error.splitlines()[0]}"
+        )

@@ -1,20 +1,42 @@
-"""What every command shares: the group with --debug and error display, option decorators,
-and output helpers. Commands parse, call one library function, and render."""
+"""What every command shares: the lazy group with --debug and error display, the options derived
+from :class:`~vocabbridge.spec.EngineSpec`, checked output paths, and output helpers.
+Commands parse, call one library function, and render."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
+from click.shell_completion import CompletionItem
+from rich.console import Console
 
 from ..errors import VocabBridgeError
+from ..spec import DRAFTERS, METHOD_NAMES, EngineSpec, Option, options
+from ..util import atomic_write_text
 
 
 class Group(click.Group):
-    """Shows VocabBridgeError as one line (exit 1); ``--debug`` / VOCABBRIDGE_DEBUG=1 re-raise it."""
+    """Commands imported when used (``vocabbridge diff`` never imports torch), and
+    VocabBridgeError shown as one line (exit 1); ``--debug`` / VOCABBRIDGE_DEBUG=1 re-raise it."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy or {}  # name → "module:attr"
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx, name):
+        if name in self.lazy and name not in self.commands:
+            module, _, attr = self.lazy[name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -31,12 +53,75 @@ class TokenizerSource(click.ParamType):
     name = "TOKENIZER"
 
     def shell_complete(self, ctx, param, incomplete):
-        from click.shell_completion import CompletionItem
 
         return [CompletionItem(incomplete, type="file")]
 
 
 TOKENIZER = TokenizerSource()
+
+
+# ==== output paths, checked before the work =====================================================
+
+
+def writable_path(path: Path, *, folder: bool = False) -> str | None:
+    """Why ``path`` cannot be written (None when it can): tried for real, by creating the folder it
+    goes in and a temporary file there, so a bad ``-o`` fails at once and not after minutes of work."""
+    target = path if folder else path.parent
+    if not folder and path.is_dir():
+        return f"{path} is a folder; give a file name"
+    if folder and path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        return f"{probe} is a file, not a folder"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".vocabbridge-write-check-"):
+            pass
+    except OSError as e:
+        return f"cannot write in {target}: {e.strerror or e}"
+    return None
+
+
+class OutputPath(click.Path):
+    """A file (or folder) this command will write, checked when the command line is parsed."""
+
+    def __init__(self, *, folder: bool = False):
+        super().__init__(dir_okay=folder, file_okay=not folder, path_type=Path)
+        self.folder = folder
+
+    def convert(self, value, param, ctx):
+        path = Path(value).expanduser()
+        why = writable_path(path, folder=self.folder)
+        if why:
+            self.fail(f"{why}; choose another path.", param, ctx)
+        return path
+
+
+OUTPUT_FILE = OutputPath()
+OUTPUT_DIR = OutputPath(folder=True)
+
+
+def emit(text: str, output: Path | None) -> None:
+    """Write ``text`` to ``output`` (atomically) or stdout."""
+    if output is None:
+        click.echo(text)
+        return
+    atomic_write_text(output, text)
+    click.echo(f"wrote {output}", err=True)
+
+
+def status(message: str):
+    """A spinner on stderr while something slow runs (silent when stderr is not a terminal)."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+
+    return Console(stderr=True).status(message)
+
+
+# ==== options ===================================================================================
 
 
 def pattern_option(fn):
@@ -50,8 +135,14 @@ def pattern_option(fn):
 def format_options(fn):
     """--format table|markdown|json and its --json shorthand, merged into ``fmt``."""
 
-    @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True,
-                  help="table for people, markdown for pages, json for machines.")  # fmt: skip
+    @click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "markdown", "json"]),
+        default="table",
+        show_default=True,
+        help="table for people, markdown for pages, json for machines.",
+    )
     @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
     @functools.wraps(fn)
     def wrapper(*args, fmt, as_json, **kwargs):
@@ -60,63 +151,54 @@ def format_options(fn):
     return wrapper
 
 
-def emit(text: str, output: Path | None) -> None:
-    """Write ``text`` to ``output`` (atomically) or stdout."""
-    if output is None:
-        click.echo(text)
-        return
-    from ..util import atomic_write_text
-
-    atomic_write_text(output, text)
-    click.echo(f"wrote {output}", err=True)
-
-
-def status(message: str):
-    """A spinner on stderr while something slow runs (silent when stderr is not a terminal)."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    if not sys.stderr.isatty():
-        import contextlib
-
-        return contextlib.nullcontext()
-    return console.status(message)
+def _click_option(name: str, o: Option, default, help_text: str, *, required: bool = False):
+    decls = [f"{o.flag}/{o.off_flag}"] if o.kind == "bool" else [o.flag]
+    if o.short:
+        decls.insert(0, o.short)
+    kw = {"help": help_text, "metavar": o.metavar}
+    if required:
+        kw["required"] = True
+    else:
+        kw |= {"default": default, "show_default": default is not None}
+    if o.kind == "int":
+        kw["type"] = click.IntRange(None if o.lo is None else int(o.lo), None if o.hi is None else int(o.hi))
+    elif o.kind == "float":
+        kw["type"] = click.FloatRange(o.lo, o.hi, max_open=o.hi_open)
+    elif o.kind == "choice":
+        kw["type"] = click.Choice(o.choices)
+    elif o.kind == "path":
+        kw["type"] = click.Path(dir_okay=False)
+    return click.option(*decls, name, **kw)
 
 
-def engine_options(fn):
-    """--target/--drafter/--mode/--map/-k... merged into one ``spec`` (an EngineSpec)."""
+def spec_options(*, exclude: tuple[str, ...] = (), engine: bool = True, drafter_required: bool = False):
+    """Every :class:`EngineSpec` field as a click option (flag, help, type and default come from
+    the field), merged into one ``spec`` argument. ``exclude``: fields the command sets itself
+    (bench's ``--drafters`` list). ``engine``: the command runs the embedded engine, so
+    ``--drafter`` lists only the methods it has."""
+    fields = [(name, o, default) for name, o, default in options() if name not in exclude]
 
-    @click.option("--target", metavar="MODEL", help="Target: a preset (vocabbridge presets), a model folder, a .gguf file or a hub id. "
-                  "Defaults to the drafter preset's target.")  # fmt: skip
-    @click.option("--drafter", default="none", show_default=True, metavar="DRAFTER",
-                  help="none | ngram | mtp | a drafter model (preset, folder, .gguf, hub id).")  # fmt: skip
-    @click.option("--mode", type=click.Choice(["auto", "draft", "bridged", "text"]), default="auto", show_default=True,
-                  help="How a model drafter meets the target: draft (same vocabulary), bridged (token map), "
-                       "text (re-tokenized drafted text). auto: draft when the vocabularies match, else text.")  # fmt: skip
-    @click.option("--map", "map_path", type=click.Path(dir_okay=False), help="Token map for --mode bridged (built and cached when absent).")
-    @click.option("-k", "--num-speculative-tokens", default=4, show_default=True, type=click.IntRange(1, 64))
-    @click.option("--prompt-lookup-min", default=1, show_default=True, type=click.IntRange(1))
-    @click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(1))
-    @click.option("--adaptive-k/--fixed-k", default=False, show_default=True, help="Grow k after full acceptance, shrink after a miss.")
-    @click.option("--min-confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
-                  help="Model drafters: stop drafting when the product of the drafter's top probabilities (its own "
-                       "estimate that the draft survives) falls below this; 0 = always draft k.")  # fmt: skip
-    @click.option("--ngram-first/--no-ngram-first", default=False, show_default=True,
-                  help="Model drafters: propose a prompt-lookup match when there is one, the model otherwise.")  # fmt: skip
-    @click.option("--dtype", default="auto", show_default=True, help="Target dtype: auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")
-    @click.option("--drafter-dtype", default="auto", show_default=True,
-                  help="Drafter dtype: auto (int8 weights on CPU, else the target's), int8, float32, bfloat16.")  # fmt: skip
-    @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ...")
-    @functools.wraps(fn)
-    def wrapper(*args, target, drafter, mode, map_path, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                adaptive_k, min_confidence, ngram_first, dtype, drafter_dtype, device, **kwargs):  # fmt: skip
-        from ..engine.factory import EngineSpec
+    def spec_from(params: dict) -> EngineSpec:
+        return EngineSpec(**{name: params[name] for name, _, _ in fields})
 
-        spec = EngineSpec(
-            target=target, drafter=drafter, mode=mode, map_path=map_path, num_speculative_tokens=num_speculative_tokens,
-            prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max, adaptive_k=adaptive_k,
-            min_confidence=min_confidence, ngram_first=ngram_first, dtype=dtype, drafter_dtype=drafter_dtype, device=device,
-        )  # fmt: skip
-        return fn(*args, spec=spec, **kwargs)
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            spec = spec_from(kwargs)
+            for name, _, _ in fields:
+                del kwargs[name]
+            return fn(*args, spec=spec, **kwargs)
 
-    return wrapper
+        wrapper.spec_from = spec_from  # the spec a parsed command line makes (tests)
+
+        for name, o, default in reversed(fields):
+            help_text = o.help
+            if name == "drafter":
+                methods = [m for m in METHOD_NAMES if not engine or DRAFTERS[m].engine is not None]
+                help_text = (
+                    f"What drafts: {', '.join(methods)}, or a drafter model (a preset, a folder, a .gguf file or a hub id)."
+                )
+            wrapper = _click_option(name, o, default, help_text, required=name == "drafter" and drafter_required)(wrapper)
+        return wrapper
+
+    return decorate

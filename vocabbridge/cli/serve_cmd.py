@@ -1,5 +1,9 @@
+"""``vocabbridge serve``: the embedded server or vLLM, started, watched and stopped cleanly."""
+
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -7,7 +11,12 @@ import time
 
 import click
 
-from .common import engine_options, status
+from ..engine.factory import build_engine, preflight
+from ..errors import ConfigError
+from ..presets import resolve_model
+from ..server.runner import bind, serve_in_thread
+from ..server.vllm_backend import INSTALL_HINT, choose_backend, run_vllm, vllm_command, vllm_installed
+from .common import spec_options, status
 
 
 def _say(message: str) -> None:
@@ -15,15 +24,27 @@ def _say(message: str) -> None:
 
 
 @click.command("serve", context_settings={"show_default": True})
-@engine_options
-@click.option("--backend", type=click.Choice(["auto", "embedded", "vllm"]), default="auto",
-              help="auto: vLLM when it is installed and a CUDA GPU is present, else the embedded engine.")  # fmt: skip
+@spec_options(engine=False)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "embedded", "vllm"]),
+    default="auto",
+    help="auto: vLLM when it is installed and a CUDA GPU is present, else the embedded engine.",
+)
 @click.option("--host", default="127.0.0.1", help="Address to bind (loopback by default).")
 @click.option("--port", default=8000, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option("--api-key", envvar="VOCABBRIDGE_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on /v1/* (health and metrics stay open).")  # fmt: skip
-@click.option("--max-num-seqs", type=click.IntRange(1), default=None,
-              help="Requests generating at once; the rest wait in FIFO order. [embedded default: 8; vLLM: its own]")  # fmt: skip
+@click.option(
+    "--api-key",
+    envvar="VOCABBRIDGE_API_KEY",
+    show_envvar=True,
+    help="Require 'Authorization: Bearer KEY' on /v1/* (health and metrics stay open).",
+)
+@click.option(
+    "--max-num-seqs",
+    type=click.IntRange(1),
+    default=None,
+    help="Requests generating at once; the rest wait in FIFO order. [embedded default: 8; vLLM: its own]",
+)
 @click.option("--served-model-name", help="The model name clients send. [default: the target as given]")
 @click.option("--tensor-parallel-size", type=click.IntRange(1), default=None, help="GPUs to split the target over (vLLM only).")
 @click.option("--dry-run", is_flag=True, help="Print what would run (the exact vllm command) and exit.")
@@ -40,13 +61,18 @@ def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_nam
       vocabbridge serve --drafter exaone-1.2b --backend vllm --tensor-parallel-size 2 -- --max-model-len 32768
       vocabbridge serve --drafter smollm2-135m --mode bridged --api-key secret --port 8080
     """
-    from ..errors import ConfigError
-    from ..server.vllm_backend import INSTALL_HINT, choose_backend, vllm_command, vllm_installed
-
     chosen, why = choose_backend(backend)
     if chosen == "vllm":
-        cmd = vllm_command(spec, host=host, port=port, served_model_name=served_model_name, api_key=api_key,
-                           max_num_seqs=max_num_seqs, tensor_parallel_size=tensor_parallel_size, extra_args=vllm_args)  # fmt: skip
+        cmd = vllm_command(
+            spec,
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            max_num_seqs=max_num_seqs,
+            tensor_parallel_size=tensor_parallel_size,
+            extra_args=vllm_args,
+        )
         for note in cmd.notes:
             _say(note)
         if dry_run:
@@ -64,8 +90,6 @@ def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_nam
 
 
 def _run_vllm(cmd, host, port) -> int:
-    from ..server.vllm_backend import run_vllm
-
     url = f"http://{host}:{port}"
     ready_seen = []
 
@@ -80,17 +104,26 @@ def _run_vllm(cmd, host, port) -> int:
     return rc
 
 
-def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_name, dry_run) -> None:
-    from ..engine.factory import build_engine
-    from ..presets import resolve_model
-    from ..server.runner import bind, serve_in_thread
+@contextlib.contextmanager
+def _interruptible():
+    """SIGTERM interrupts like SIGINT (KeyboardInterrupt) while the block runs."""
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
+
+def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_name, dry_run) -> None:
     target = resolve_model(spec.target_name)
-    drafter = spec.drafter if spec.drafter in ("none", "ngram", "mtp") else f"{spec.drafter} ({resolve_model(spec.drafter)})"
+    drafter = spec.drafter if not spec.uses_model else f"{spec.drafter} ({resolve_model(spec.drafter)})"
     _say(f"backend embedded ({why})")
     if dry_run:
-        click.echo(f"embedded: target {spec.target_name} ({target}), drafter {drafter}, k={spec.num_speculative_tokens}, "
-                   f"on http://{host}:{port}, up to {max_num_seqs} concurrent requests")  # fmt: skip
+        preflight(spec)
+        click.echo(
+            f"embedded: target {spec.target_name} ({target}), drafter {drafter}, k={spec.num_speculative_tokens}, "
+            f"on http://{host}:{port}, up to {max_num_seqs} concurrent requests"
+        )
         return
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         _say(f"warning: listening on {host} without --api-key; anyone who can reach it can use it")
@@ -98,52 +131,40 @@ def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_n
     _say(f"loading target {spec.target_name} ({target}) and drafter {drafter}…")
     t0 = time.perf_counter()
     try:
-        with status("loading models…"):
+        with _interruptible(), status("loading models…"):
             built = build_engine(spec)
+    except KeyboardInterrupt:
+        sock.close()
+        _say("interrupted while loading the models; stopped")
+        return
     except BaseException:
         sock.close()
         raise
-    _say(f"loaded in {time.perf_counter() - t0:.1f} s: drafter mode {built.mode}" + "".join(f"; {n}" for n in built.notes))
-    handle = serve_in_thread(built, host, sock=sock, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs)
+    _say(f"loaded in {time.perf_counter() - t0:.1f} s: drafter {built.drafter_label}" + "".join(f"; {n}" for n in built.notes))
+    handle = serve_in_thread(
+        built, host, sock=sock, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs
+    )
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum, frame):
+        if stop.is_set():  # a second Ctrl-C: leave at once, whatever is running
+            os._exit(128 + signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     k = f", k={built.engine.k}" if built.mode != "none" else ""
-    click.echo(f"vocabbridge serve: ready on {handle.url} — model {handle.model_name}, drafter {built.mode}{k}, "
-               f"embedded engine, up to {max_num_seqs} concurrent requests; Ctrl-C stops")  # fmt: skip
+    click.echo(
+        f"vocabbridge serve: ready on {handle.url} — model {handle.model_name}, drafter {built.drafter_label}{k}, "
+        f"embedded engine, up to {max_num_seqs} concurrent requests; Ctrl-C stops"
+    )
     sys.stdout.flush()
     try:
         while not stop.wait(0.5):
             if not handle.thread.is_alive():
                 raise click.ClickException("the HTTP server stopped unexpectedly; run with --debug for the log.")
+        _say("stopping: open requests end with an error, the engine finishes its current step (Ctrl-C again to quit at once)…")
+        handle.stop()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        _say("stopping…")
-        handle.stop()
     _say("stopped")
-
-
-@click.command("presets")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def presets_cmd(as_json):
-    """List the model presets and what each resolves to here.
-
-    A preset resolves to its local GGUF file when VOCABBRIDGE_MODELS points at a folder holding it,
-    else to its hub id. A drafter preset names the target it pairs with.
-    """
-    from ..presets import describe_presets, models_dir
-    from ..report import Section, print_sections, to_json
-
-    rows = describe_presets()
-    if as_json:
-        click.echo(to_json(rows))
-        return
-    from pathlib import Path
-
-    table = [[r["name"], r["role"], r["pairs_with"] or "", r["vocab"] or "", "yes" if r["has_mtp"] else "",
-              f"(local) {Path(r['resolves_to']).name}" if r["local"] else r["resolves_to"]] for r in rows]  # fmt: skip
-    folder = models_dir()
-    notes = [f"(local): a GGUF file in VOCABBRIDGE_MODELS={folder}" if folder else
-             "VOCABBRIDGE_MODELS is not set: presets resolve to hub ids (set it to a folder of GGUF files to use them)"]
-    notes += [f"{r['name']}: {r['notes']}" for r in rows if r["notes"]]
-    print_sections([Section("Presets", ["name", "role", "pairs with", "vocabulary", "MTP", "resolves to"], table, notes)])

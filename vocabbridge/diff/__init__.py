@@ -1,5 +1,5 @@
 """Diff two tokenizer views: ``diff_tokenizers`` (data) and ``render`` (table, markdown, JSON)."""
 
-from .core import TokenizerDiff, diff_tokenizers
+from .compute import TokenizerDiff, diff_tokenizers
 
 __all__ = ["TokenizerDiff", "diff_tokenizers"]

@@ -6,13 +6,17 @@ import unicodedata
 
 from ..report import Section, fmt_float, fmt_int, to_json, to_jsonable
 from ..tokenizer.scripts import SCRIPT_LABELS
-from .core import Example, TokenizerDiff
+from .compute import Example, TokenizerDiff
 
 
 def _ex(examples: list[Example]) -> str:
     return ", ".join(
         f"{e.text}"
-        + (f" ({e.id_a}→{e.id_b})" if e.id_a is not None and e.id_b is not None else f" ({e.id_a if e.id_a is not None else e.id_b})")
+        + (
+            f" ({e.id_a}→{e.id_b})"
+            if e.id_a is not None and e.id_b is not None
+            else f" ({e.id_a if e.id_a is not None else e.id_b})"
+        )
         for e in examples
     )
 
@@ -61,11 +65,15 @@ def sections(d: TokenizerDiff) -> list[Section]:
                 ["only in A", fmt_int(v.only_a)],
                 ["only in B", fmt_int(v.only_b)],
             ],
-            [n for n in (
-                v.moved_examples and f"moved (A id→B id): {_ex(v.moved_examples)}",
-                v.only_a_examples and f"only in A: {_ex(v.only_a_examples)}",
-                v.only_b_examples and f"only in B: {_ex(v.only_b_examples)}",
-            ) if n],  # fmt: skip
+            [
+                n
+                for n in (
+                    v.moved_examples and f"moved (A id→B id): {_ex(v.moved_examples)}",
+                    v.only_a_examples and f"only in A: {_ex(v.only_a_examples)}",
+                    v.only_b_examples and f"only in B: {_ex(v.only_b_examples)}",
+                )
+                if n
+            ],
         )
     )
     m = d.merges
@@ -80,7 +88,9 @@ def sections(d: TokenizerDiff) -> list[Section]:
                 ["only in A", fmt_int(m.only_a)],
                 ["only in B", fmt_int(m.only_b)],
             ],
-            [f"first difference at merge #{fd['index']:,}: A {fd['a'] and ' + '.join(fd['a'])}, B {fd['b'] and ' + '.join(fd['b'])}"]
+            [
+                f"first difference at merge #{fd['index']:,}: A {fd['a'] and ' + '.join(fd['a'])}, B {fd['b'] and ' + '.join(fd['b'])}"
+            ]
             if fd
             else [],
         )
@@ -110,22 +120,38 @@ def sections(d: TokenizerDiff) -> list[Section]:
         if s.splits_differently:
             what.append(f"pieces: A {len(s.split_a)}, B {len(s.split_b)}")
         rows.append([s.name, _pieces(s.split_a), _pieces(s.split_b), "; ".join(what)])
-    out.append(Section("Behaviour on sample texts (pieces after normalization)", ["sample", "A", "B", "difference"], rows,
-                       [] if rows else ["all sample texts normalize and split identically"]))  # fmt: skip
+    out.append(
+        Section(
+            "Behaviour on sample texts (pieces after normalization)",
+            ["sample", "A", "B", "difference"],
+            rows,
+            [] if rows else ["all sample texts normalize and split identically"],
+        )
+    )
     sp = d.specials
     out.append(
         Section(
             "Special tokens by role",
             ["role", "A id", "A token", "B id", "B token", "status"],
             [
-                [r.role, "" if r.id_a is None else str(r.id_a), r.content_a or "", "" if r.id_b is None else str(r.id_b),
-                 r.content_b or "", r.status]  # fmt: skip
+                [
+                    r.role,
+                    "" if r.id_a is None else str(r.id_a),
+                    r.content_a or "",
+                    "" if r.id_b is None else str(r.id_b),
+                    r.content_b or "",
+                    r.status,
+                ]
                 for r in sp.by_role
             ],
-            [n for n in (
-                f"special tokens only in A: {sp.only_a_count:,}" + (f" — {_ex(sp.only_a)}" if sp.only_a else ""),
-                f"special tokens only in B: {sp.only_b_count:,}" + (f" — {_ex(sp.only_b)}" if sp.only_b else ""),
-            ) if n],  # fmt: skip
+            [
+                n
+                for n in (
+                    f"special tokens only in A: {sp.only_a_count:,}" + (f" — {_ex(sp.only_a)}" if sp.only_a else ""),
+                    f"special tokens only in B: {sp.only_b_count:,}" + (f" — {_ex(sp.only_b)}" if sp.only_b else ""),
+                )
+                if n
+            ],
         )
     )
     mw = d.multiword
@@ -133,7 +159,10 @@ def sections(d: TokenizerDiff) -> list[Section]:
         Section(
             "Multi-word tokens (a space with a letter on both sides)",
             ["", "A", "B"],
-            [["tokens", fmt_int(mw.count_a), fmt_int(mw.count_b)], ["of them only in this side", fmt_int(mw.only_a), fmt_int(mw.only_b)]],
+            [
+                ["tokens", fmt_int(mw.count_a), fmt_int(mw.count_b)],
+                ["of them only in this side", fmt_int(mw.only_a), fmt_int(mw.only_b)],
+            ],
             [n for n in (mw.examples_a and f"A: {_ex(mw.examples_a)}", mw.examples_b and f"B: {_ex(mw.examples_b)}") if n],
         )
     )
@@ -150,8 +179,16 @@ def sections(d: TokenizerDiff) -> list[Section]:
                 "Texts",
                 ["file", "chars", "A tokens", "B tokens", "A tok/char", "B tok/char", "A round-trips", "B round-trips"],
                 [
-                    [t.file, fmt_int(t.chars), fmt_int(t.tokens_a), fmt_int(t.tokens_b), fmt_float(t.tokens_per_char_a, 3),
-                     fmt_float(t.tokens_per_char_b, 3), "yes" if t.roundtrip_a else "NO", "yes" if t.roundtrip_b else "NO"]  # fmt: skip
+                    [
+                        t.file,
+                        fmt_int(t.chars),
+                        fmt_int(t.tokens_a),
+                        fmt_int(t.tokens_b),
+                        fmt_float(t.tokens_per_char_a, 3),
+                        fmt_float(t.tokens_per_char_b, 3),
+                        "yes" if t.roundtrip_a else "NO",
+                        "yes" if t.roundtrip_b else "NO",
+                    ]
                     for t in d.texts
                 ],
             )

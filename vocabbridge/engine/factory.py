@@ -1,5 +1,9 @@
-"""Build an engine from names: a target and a drafter given as presets, paths, hub ids or
-methods (``none``, ``ngram``, ``mtp``). Shared by ``generate``, ``serve`` and ``bench``.
+"""Build an engine from an :class:`~vocabbridge.spec.EngineSpec`: the models, the drafter the
+registry names, the engine. Shared by ``generate``, ``eval-drafter``, ``serve`` and ``bench``.
+
+Cheap checks come before the expensive ones: the tokenizers are read first (seconds), so a map
+built for other tokenizers, a ``--mode draft`` drafter with another vocabulary, or a model too
+big for this machine's memory is refused before any weights load (minutes).
 
 >>> spec = EngineSpec(target="qwen2.5-coder-1.5b", drafter="smollm2-135m", mode="text")  # doctest: +SKIP
 >>> built = build_engine(spec)  # doctest: +SKIP
@@ -8,56 +12,18 @@ methods (``none``, ``ngram``, ``mtp``). Shared by ``generate``, ``serve`` and ``
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ..errors import ConfigError
-from ..presets import PRESETS, default_target_for, resolve_model
-from .drafters import BridgedDrafter, DraftModelDrafter, Drafter, NgramDrafter, NgramFirstDrafter, NoDrafter, TextDrafter
+from ..mapping import load_map
+from ..presets import PRESETS, resolve_model
+from ..spec import EngineSpec, resolve_method
+from ..tokenizer import TokenizerView, load_tokenizer, same_vocabulary
+from .drafters import Drafter, NgramFirstDrafter
 from .engine import SpecEngine
-from .model import CausalLM, load_causal_lm
+from .memory import check_fits
+from .model import CausalLM, load_causal_lm, resolve_device
 
-MODES = ("auto", "draft", "bridged", "text")
-MTP_UNSUPPORTED = (
-    "the embedded engine has no MTP drafter: no checkpoint with an MTP head is available to build and test one "
-    "here. Use --backend vllm on a GPU machine (vLLM runs EXAONE 4.5's MTP layer with method 'mtp'), or pick "
-    "--drafter ngram / a small model."
-)
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    target: str | None = None  # None: the drafter preset's own target
-    drafter: str = "none"  # none | ngram | mtp | a preset / path / hub id
-    mode: str = "auto"  # for model drafters: draft (same vocab) | bridged (token map) | text (re-tokenize)
-    map_path: str | None = None
-    map_mode: str = "bytes"  # how a missing map is built
-    num_speculative_tokens: int = 4
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
-    adaptive_k: bool = False
-    min_confidence: float = 0.0
-    ngram_first: bool = False  # model drafters: try prompt lookup first, the model when it finds nothing
-    dtype: str = "auto"  # target: fp32 on CPU (exact greedy), bf16 on CUDA
-    drafter_dtype: str = "auto"  # drafter: int8 weights on CPU (its numerics never change the output)
-    device: str = "auto"
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}.")
-        if self.num_speculative_tokens < 1:
-            raise ConfigError("--num-speculative-tokens must be at least 1.")
-        if not 0 <= self.min_confidence < 1:
-            raise ConfigError("--min-confidence must be in [0, 1).")
-
-    @property
-    def target_name(self) -> str:
-        if self.target:
-            return self.target
-        if self.drafter in ("none", "ngram", "mtp"):
-            raise ConfigError(f"--drafter {self.drafter} needs --target.")
-        return default_target_for(self.drafter)
+__all__ = ["BuiltEngine", "EngineSpec", "build_engine", "drafter_dtype", "make_drafter"]
 
 
 @dataclass
@@ -66,103 +32,93 @@ class BuiltEngine:
     target: CausalLM
     drafter_lm: CausalLM | None
     spec: EngineSpec
-    mode: str  # what actually runs: none | ngram | draft | bridged | text
+    mode: str  # what actually runs: none | ngram | draft | bridged | text, or ngram+MODE
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def drafter_label(self) -> str:
+        """The drafter as people name it: ``ngram``, ``smollm2-135m (text)``, ``none``."""
+        return f"{self.spec.drafter} ({self.mode})" if self.drafter_lm is not None else self.mode
+
     def describe(self) -> dict:
-        return {"target": self.target.source, "drafter": self.engine.drafter.describe(), "mode": self.mode,
-                "num_speculative_tokens": self.engine.k, "adaptive_k": self.engine.adaptive_k,
-                "dtype": str(self.target.dtype).replace("torch.", ""), "device": self.target.device, "notes": self.notes}  # fmt: skip
-
-
-def same_vocabulary(a, b) -> bool:
-    """True when two views give the same bytes to every id both have (the drafter may be shorter)."""
-    n = min(a.size, b.size)
-    return n > 0 and a.tokens[:n] == b.tokens[:n]
-
-
-def _map_cache_path(drafter_fp: str, target_fp: str, mode: str) -> Path:
-    root = Path(os.environ.get("VOCABBRIDGE_CACHE", Path.home() / ".cache" / "vocabbridge"))
-    return root / "maps" / f"{drafter_fp[:16]}_to_{target_fp[:16]}_{mode}.json"
-
-
-def token_map_for(drafter: CausalLM, target: CausalLM, *, path: str | None, mode: str = "bytes"):
-    """Load ``path`` (checked against both tokenizers), or build the map and cache it."""
-    from ..mapping import build_token_map, load_map, save_map
-
-    if path:
-        return load_map(path, drafter=drafter.view, target=target.view)
-    cached = _map_cache_path(drafter.view.fingerprint, target.view.fingerprint, mode)
-    if cached.is_file():
-        return load_map(cached, drafter=drafter.view, target=target.view)
-    tm = build_token_map(drafter.view, target.view, mode=mode, drafter_vocab_size=drafter.vocab_size,
-                         target_vocab_size=target.vocab_size)  # fmt: skip
-    save_map(tm, cached)
-    return tm
+        return {
+            "target": self.target.source,
+            "drafter": self.engine.drafter.describe(),
+            "mode": self.mode,
+            "num_speculative_tokens": self.engine.k,
+            "adaptive_k": self.engine.adaptive_k,
+            "dtype": str(self.target.dtype).replace("torch.", ""),
+            "device": self.target.device,
+            "notes": self.notes,
+        }
 
 
 def make_drafter(spec: EngineSpec, target: CausalLM, drafter_lm: CausalLM | None) -> tuple[Drafter, str, list[str]]:
-    """The drafter object for ``spec`` and the mode it runs in."""
-    drafter, mode, notes = _make_drafter(spec, target, drafter_lm)
+    """The drafter object the registry builds for ``spec``, the mode it runs in, and notes."""
+    same = same_vocabulary(drafter_lm.view, target.view) if drafter_lm is not None else None
+    method = resolve_method(spec, same_vocabulary=same)
+    notes = []
+    if spec.uses_model and spec.mode == "auto":
+        notes.append(f"mode auto → {method.name} ({'same' if same else 'different'} vocabulary)")
+    drafter = method.engine_class().from_spec(spec, target, drafter_lm)
+    mode = method.name
     if spec.ngram_first and drafter_lm is not None:
         lookup_min = max(2, spec.prompt_lookup_min)
-        drafter = NgramFirstDrafter(drafter, prompt_lookup_min=lookup_min, prompt_lookup_max=max(lookup_min, spec.prompt_lookup_max))
+        drafter = NgramFirstDrafter(
+            drafter, prompt_lookup_min=lookup_min, prompt_lookup_max=max(lookup_min, spec.prompt_lookup_max)
+        )
         mode = f"ngram+{mode}"
     return drafter, mode, notes
-
-
-def _make_drafter(spec: EngineSpec, target: CausalLM, drafter_lm: CausalLM | None) -> tuple[Drafter, str, list[str]]:
-    d = spec.drafter
-    if d == "none":
-        return NoDrafter(), "none", []
-    if d == "ngram":
-        return NgramDrafter(prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max), "ngram", []
-    if d == "mtp":
-        raise ConfigError(MTP_UNSUPPORTED)
-    assert drafter_lm is not None
-    same = same_vocabulary(drafter_lm.view, target.view)
-    mode = spec.mode
-    notes = []
-    if mode == "auto":
-        mode = "draft" if same else "text"
-        notes.append(f"mode auto → {mode} ({'same' if same else 'different'} vocabulary)")
-    kw = {"target_vocab_size": target.vocab_size, "min_confidence": spec.min_confidence}
-    if mode == "draft":
-        if not same:
-            raise ConfigError(
-                f"{drafter_lm.source} has another vocabulary than {target.source}; use --mode bridged or --mode text."
-            )
-        return DraftModelDrafter(drafter_lm, **kw), mode, notes
-    if mode == "bridged":
-        tm = token_map_for(drafter_lm, target, path=spec.map_path, mode=spec.map_mode)
-        return BridgedDrafter(drafter_lm, tm, **kw), mode, notes
-    return TextDrafter(drafter_lm, target.view, **kw), mode, notes
 
 
 def drafter_dtype(spec: EngineSpec) -> str:
     """``auto``: int8 dynamic quantization on CPU (2-3× faster drafting), the target's dtype elsewhere."""
     if spec.drafter_dtype != "auto":
         return spec.drafter_dtype
-    from .model import resolve_device
-
     return "int8" if resolve_device(spec.device) == "cpu" else spec.dtype
+
+
+def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> dict[str, TokenizerView]:
+    """The cheap checks, before any weights load: both models fit in memory; for a model drafter,
+    the tokenizers (read once and reused by the model loads), the method they allow, and a given
+    map checked against them. Returns the views read, by resolved source."""
+    device = resolve_device(spec.device)
+    check_fits(
+        [(spec.target_name, resolve_model(spec.target_name), spec.dtype)]
+        + ([(spec.drafter, resolve_model(spec.drafter), drafter_dtype(spec))] if spec.uses_model else []),
+        device=device,
+    )
+    if not spec.uses_model:
+        resolve_method(spec, same_vocabulary=None).engine_class()  # mtp in the embedded engine fails here
+        return {}
+    have = {src: lm.view for src, lm in (loaded or {}).items()}
+    t_src, d_src = resolve_model(spec.target_name), resolve_model(spec.drafter)
+    views = {src: have.get(src) or load_tokenizer(src) for src in (t_src, d_src)}
+    method = resolve_method(spec, same_vocabulary=same_vocabulary(views[d_src], views[t_src]))
+    method.engine_class()  # a method the embedded engine lacks fails here
+    if method.name == "bridged" and spec.map_path:
+        load_map(spec.map_path, drafter=views[d_src], target=views[t_src])
+    return views
 
 
 def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None) -> BuiltEngine:
     """Load (or reuse from ``loaded``, keyed by resolved source) the models and wire the engine."""
     loaded = loaded if loaded is not None else {}
+    views = preflight(spec, loaded)
 
     def get(name: str, dtype: str) -> CausalLM:
         src = resolve_model(name)
         key = src if dtype == spec.dtype else f"{src}@{dtype}"
         if key not in loaded:
-            loaded[key] = load_causal_lm(src, dtype=dtype, device=spec.device)
+            loaded[key] = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device)
         return loaded[key]
 
     target = get(spec.target_name, spec.dtype)
-    drafter_lm = None if spec.drafter in ("none", "ngram", "mtp") else get(spec.drafter, drafter_dtype(spec))
+    drafter_lm = get(spec.drafter, drafter_dtype(spec)) if spec.uses_model else None
     drafter, mode, notes = make_drafter(spec, target, drafter_lm)
-    engine = SpecEngine(target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive_k=spec.adaptive_k)
+    engine = SpecEngine(
+        target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive_k=spec.adaptive_k, backoff=spec.backoff
+    )
     if spec.drafter in PRESETS and PRESETS[spec.drafter].pairs_with and not spec.target:
         notes.append(f"target {spec.target_name} chosen by the drafter preset")
     return BuiltEngine(engine, target, drafter_lm, spec, mode, notes)

@@ -14,19 +14,31 @@ and re-synchronisation with a new context is "crop to the common prefix, feed th
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
+import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import transformers
+from torch.utils.mkldnn import MkldnnLinear
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from ..errors import ModelLoadError, RequestError
 from ..tokenizer import TokenizerView, load_tokenizer
 from ..util import common_prefix_len
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-          "float32": torch.float32, "fp32": torch.float32}  # fmt: skip
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 
 
 QUANTIZED = ("int8", "int8-dynamic")
@@ -53,7 +65,6 @@ def resolve_device(device: str | None) -> str:
 
 
 def _converted_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
-    import transformers
 
     st = gguf.stat()
     key = f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}|{dtype}|{transformers.__version__}"
@@ -62,7 +73,6 @@ def _converted_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
 
 
 def _load_weights(source: str, dtype: torch.dtype, device: str, *, cache_converted: bool):
-    from transformers import AutoModelForCausalLM
 
     path = Path(source).expanduser()
     kwargs = {"dtype": dtype}
@@ -90,8 +100,6 @@ def _load_weights(source: str, dtype: torch.dtype, device: str, *, cache_convert
 
 def _save_dequantized(model, dest: Path) -> None:
     """Save a GGUF-loaded (already dequantized) model as plain safetensors; best effort."""
-    import shutil
-    import warnings
 
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     # transformers marks GGUF-loaded models as quantized and refuses to save them, although the
@@ -125,7 +133,6 @@ class PackedLinear(torch.nn.Module):
 
     def __init__(self, lin: torch.nn.Linear):
         super().__init__()
-        from torch.utils.mkldnn import MkldnnLinear
 
         self.inner = MkldnnLinear(lin, torch.float32)
         self.in_features, self.out_features = lin.in_features, lin.out_features
@@ -160,7 +167,6 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     verifies everything), and on a CPU a one-token forward is bound by reading the weights, so
     int8 weights make SmolLM2-135M ~2× and Qwen2.5-0.5B ~3× faster than fp32.
     """
-    import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -184,7 +190,6 @@ class CausalLM:
     @property
     def cache_kwarg(self) -> str:
         """``cache`` in recent transformers, ``past_key_values`` before."""
-        import inspect
 
         if not hasattr(self, "_cache_kwarg"):
             params = inspect.signature(self.model.forward).parameters
@@ -248,7 +253,6 @@ class KVSession:
     """One request's KV cache over a model; ``ids`` are the tokens the cache holds, in order."""
 
     def __init__(self, lm: CausalLM):
-        from transformers import DynamicCache
 
         self.lm = lm
         self.cache = DynamicCache()

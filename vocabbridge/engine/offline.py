@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..chat import chat_prompt_ids
+from ..util import read_text_file
 from .drafters.base import Drafter
 from .engine import SpecEngine
 from .model import CausalLM
@@ -51,10 +53,13 @@ class OfflineEval:
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         return OfflineEval(
-            self.name, self.positions + other.positions, self.proposed + other.proposed,
+            self.name,
+            self.positions + other.positions,
+            self.proposed + other.proposed,
             [a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))],
-            self.target_prob_sum + other.target_prob_sum, self.seconds + other.seconds,
-        )  # fmt: skip
+            self.target_prob_sum + other.target_prob_sum,
+            self.seconds + other.seconds,
+        )
 
 
 @torch.inference_mode()
@@ -100,3 +105,23 @@ def greedy_continuations(target: CausalLM, prompts: list[list[int]], max_new_tok
     engine = SpecEngine(target)
     params = SamplingParams(max_new_tokens=max_new_tokens)
     return [(len(p), p + engine.generate(p, params).tokens) for p in prompts]
+
+
+DEFAULT_EVAL_PROMPTS = (
+    "Write a Python function that merges two sorted lists, with a docstring and two tests.",
+    "Explain in a short paragraph what a KV cache is in transformer inference.",
+    "오늘 저녁 메뉴로 간단한 한식 요리를 추천해 주세요.",
+)
+
+
+def eval_sequences(
+    target: CausalLM, *, texts=(), prompts=(), continuation_tokens: int = 64, max_positions: int = 512
+) -> tuple[list[tuple[int, list[int]]], str]:
+    """What ``eval_drafter`` scores, and a line saying what it is: the first ``max_positions``
+    tokens of each text file, else the target's greedy continuations of chat prompts."""
+    if texts:
+        seqs = [(1, target.view.encode(read_text_file(t))[:max_positions]) for t in texts]
+        return seqs, "texts: " + ", ".join(str(t) for t in texts)
+    ps = [chat_prompt_ids(target.view, [{"role": "user", "content": p}]) for p in (prompts or DEFAULT_EVAL_PROMPTS)]
+    seqs = greedy_continuations(target, ps, continuation_tokens)
+    return seqs, f"the target's greedy continuations ({continuation_tokens} tokens) of {len(ps)} prompts"

@@ -20,7 +20,8 @@ class SpecStats:
     accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     verify_sizes: dict[int, int] = field(default_factory=dict)  # tokens fed per decode forward → count
-    target_forwards: int = 0  # prefill included
+    target_forwards: int = 0  # the prefill counts as one, however many chunks
+    prefill_chunks: int = 0  # forwards the prefill took (PREFILL_CHUNK prompt tokens each)
     drafter_forwards: int = 0
     skipped_drafts: int = 0  # steps the drafter sat out while backing off after repeated misses
     time_prefill: float = 0.0
@@ -71,12 +72,28 @@ class SpecStats:
     def merge(self, other: SpecStats) -> SpecStats:
         """Sum of two stats (for aggregates over requests)."""
         out = SpecStats()
-        for f in ("prompt_tokens", "generated", "drafts", "draft_tokens", "accepted", "target_forwards",
-                  "drafter_forwards", "skipped_drafts", "time_prefill", "time_draft", "time_verify", "time_total", "ttft"):  # fmt: skip
+        for f in (
+            "prompt_tokens",
+            "generated",
+            "drafts",
+            "draft_tokens",
+            "accepted",
+            "target_forwards",
+            "drafter_forwards",
+            "skipped_drafts",
+            "prefill_chunks",
+            "time_prefill",
+            "time_draft",
+            "time_verify",
+            "time_total",
+            "ttft",
+        ):
             setattr(out, f, getattr(self, f) + getattr(other, f))
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         out.accepted_per_pos = [a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))]
-        out.verify_sizes = {m: self.verify_sizes.get(m, 0) + other.verify_sizes.get(m, 0)
-                            for m in sorted(set(self.verify_sizes) | set(other.verify_sizes))}  # fmt: skip
+        out.verify_sizes = {
+            m: self.verify_sizes.get(m, 0) + other.verify_sizes.get(m, 0)
+            for m in sorted(set(self.verify_sizes) | set(other.verify_sizes))
+        }
         return out

@@ -6,11 +6,21 @@
 """
 
 from .build import build_token_map
-from .core import BuildStats, MapSide, TokenMap
+from .cache import token_map_for
 from .coverage import Coverage, compute_coverage, default_texts
-from .mapfile import load_map, save_map
+from .mapfile import load_map, read_map, save_map
+from .tokenmap import BuildStats, MapSide, TokenMap
 
 __all__ = [
-    "BuildStats", "Coverage", "MapSide", "TokenMap", "build_token_map", "compute_coverage", "default_texts",
-    "load_map", "save_map",
-]  # fmt: skip
+    "BuildStats",
+    "Coverage",
+    "MapSide",
+    "TokenMap",
+    "build_token_map",
+    "compute_coverage",
+    "default_texts",
+    "load_map",
+    "read_map",
+    "save_map",
+    "token_map_for",
+]

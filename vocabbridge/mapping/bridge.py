@@ -22,6 +22,7 @@ apart and checked in bulk by byte lengths (numpy), entry by entry only where tha
 from __future__ import annotations
 
 import numpy as np
+from tokenizers import Tokenizer, pre_tokenizers
 
 from ..tokenizer.encoding import BYTE_LEVEL, SENTENCEPIECE, byte_level_encode
 from ..tokenizer.view import TokenizerView
@@ -31,7 +32,6 @@ _SEPARATORS = ("\n", "\x00", "\ufdd0", "\U0010fffd")  # "\n" never occurs in byt
 
 
 def _model_tokenizer(drafter: TokenizerView, sep: str):
-    from tokenizers import Tokenizer, pre_tokenizers
 
     tok = Tokenizer(drafter.backend.model)  # shares the (already built) model; no copy
     tok.pre_tokenizer = pre_tokenizers.Split(sep, behavior="removed")
@@ -93,7 +93,9 @@ def _spell(drafter: TokenizerView, items: list[tuple[int, str, bytes]], sep: str
             continue
         words = np.asarray([-1 if w is None else w for w in enc.word_ids], dtype=np.int64)
         k = np.arange(len(chunk))
-        for (t, _, _), a, z in zip(chunk, np.searchsorted(words, k, "left").tolist(), np.searchsorted(words, k, "right").tolist()):
+        for (t, _, _), a, z in zip(
+            chunk, np.searchsorted(words, k, "left").tolist(), np.searchsorted(words, k, "right").tolist()
+        ):
             bridge[t] = tuple(ids[a:z])
             unsure.add(t)
     return bridge, unsure

@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from ..tokenizer.view import TokenizerView
 from .bridge import build_input_bridge
 from .bytes_mode import bytes_pairs
-from .core import MODES, MapSide, TokenMap
+from .tokenmap import MODES, LazyBridge, MapSide, TokenMap
 from .vllm import fallback_id, vllm_pairs
 
 
@@ -63,5 +63,5 @@ def build_token_map(
         return build_input_bridge(drafter, target, t2d, fallback_id=unk)[0]
 
     return TokenMap(
-        mode, dside, tside, d2t, t2d, bridge_builder=bridge, draft_unk_id=unk, target_unk_id=fallback_id(target), stats=stats
+        mode, dside, tside, d2t, t2d, LazyBridge(bridge), draft_unk_id=unk, target_unk_id=fallback_id(target), stats=stats
     )

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..tokenizer.pipeline import _flatten
 from ..tokenizer.view import TokenizerView
-from .core import BuildStats
+from .tokenmap import BuildStats
 
 try:  # current Unicode tables, closer to the tokenizers crate's than an older Python's
     import unicodedata2 as _ud
@@ -45,10 +45,25 @@ except ImportError:  # pragma: no cover - a declared dependency
     _ud = unicodedata
 
 ROLE_PRIORITY = (
-    "end_of_turn", "start_of_turn", "end_of_header", "role:system", "role:user", "role:assistant",
-    "think_start", "think_end", "tool_call_start", "tool_call_end",
-    "fim_prefix", "fim_middle", "fim_suffix", "fim_pad", "eos", "bos", "unk", "pad",
-)  # fmt: skip
+    "end_of_turn",
+    "start_of_turn",
+    "end_of_header",
+    "role:system",
+    "role:user",
+    "role:assistant",
+    "think_start",
+    "think_end",
+    "tool_call_start",
+    "tool_call_end",
+    "fim_prefix",
+    "fim_middle",
+    "fim_suffix",
+    "fim_pad",
+    "eos",
+    "bos",
+    "unk",
+    "pad",
+)
 WEAK_ROLES = ("unk", "pad")  # paired after exact-content matches (rule 2)
 
 _PIECE = re.compile(r'"<0x([0-9A-Fa-f]{2})>"\s*:\s*(\d+)')

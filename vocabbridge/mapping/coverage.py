@@ -21,8 +21,9 @@ import numpy as np
 from ..tokenizer.encoding import display
 from ..tokenizer.scripts import SCRIPTS, script_of
 from ..tokenizer.view import TokenizerView
+from .build import build_token_map
 from .bytes_mode import ROLE_PRIORITY
-from .core import TokenMap
+from .tokenmap import TokenMap
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,13 @@ class Coverage:
 
 # ==== texts ========================================================================================
 
+
 def default_texts() -> dict[str, str]:
     """The small text set shipped with vocabbridge (Korean and English chat and prose, code): name → text."""
     root = resources.files("vocabbridge") / "data" / "texts"
-    return {p.name: p.read_text(encoding="utf-8") for p in sorted(root.iterdir(), key=lambda p: p.name) if p.name.endswith(".txt")}
+    return {
+        p.name: p.read_text(encoding="utf-8") for p in sorted(root.iterdir(), key=lambda p: p.name) if p.name.endswith(".txt")
+    }
 
 
 # ==== computing =====================================================================================
@@ -185,12 +189,13 @@ def compute_coverage(
         if tm.mode == "vllm":
             vllm_map = tm
         elif vllm_map is None:
-            from .build import build_token_map
-
             vllm_map = build_token_map(
-                drafter, target, mode="vllm", drafter_vocab_size=tm.drafter.model_vocab_size,
+                drafter,
+                target,
+                mode="vllm",
+                drafter_vocab_size=tm.drafter.model_vocab_size,
                 target_vocab_size=tm.target.model_vocab_size,
-            )  # fmt: skip
+            )
         names = list(texts)
         for name, ids in zip(names, target.encode_batch([texts[n] for n in names])):
             a = np.asarray(ids, dtype=np.int64)

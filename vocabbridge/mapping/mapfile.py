@@ -8,6 +8,10 @@ hash, and neither is half-used.
 
 Arrays: ``draft_to_target`` and ``target_to_draft`` (``-1`` = none); the input bridge as CSR:
 ``bridge.target_ids``, ``bridge.offsets`` (len + 1) and ``bridge.draft_ids``.
+
+A tokenizer given as a local path is recorded twice: absolute (``source``) and relative to the
+map file's folder (``source_from_map``), so a map committed beside its tokenizers reloads them
+from any working directory and any clone.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 import zlib
 from dataclasses import asdict
 from pathlib import Path
@@ -24,9 +29,11 @@ import numpy as np
 
 from .. import __version__
 from ..errors import MapFileError
+from ..report import to_jsonable
 from ..tokenizer.view import TokenizerView
 from ..util import atomic_write_text
-from .core import FORMAT, MODES, BuildStats, MapSide, TokenMap
+from .coverage import Coverage
+from .tokenmap import FORMAT, MODES, BuildStats, MapSide, TokenMap
 
 
 def _pack(a) -> str:
@@ -48,10 +55,17 @@ def _canonical_bytes(doc: dict) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def map_to_dict(tm: TokenMap) -> dict:
-    """The file's content (without ``sha256``); materializes the input bridge."""
-    from ..report import to_jsonable
+def _side_record(side: MapSide, folder: Path) -> dict:
+    rec = asdict(side)
+    if Path(side.source).expanduser().exists():  # a local path: also where it is from the map's folder
+        where = os.path.abspath(Path(side.source).expanduser())
+        rec["source"] = where
+        rec["source_from_map"] = os.path.relpath(where, os.path.abspath(folder))
+    return rec
 
+
+def map_to_dict(tm: TokenMap, coverage: Coverage | None = None, *, folder: Path = Path(".")) -> dict:
+    """The file's content (without ``sha256``); materializes the input bridge. ``folder``: where the file goes."""
     bridge = tm.input_bridge
     targets = sorted(bridge)
     lengths = [len(bridge[t]) for t in targets]
@@ -61,13 +75,13 @@ def map_to_dict(tm: TokenMap) -> dict:
         "format": FORMAT,
         "tool_version": __version__,
         "mode": tm.mode,
-        "drafter": asdict(tm.drafter),
-        "target": asdict(tm.target),
+        "drafter": _side_record(tm.drafter, folder),
+        "target": _side_record(tm.target, folder),
         "draft_unk_id": tm.draft_unk_id,
         "target_unk_id": tm.target_unk_id,
         "stats": asdict(tm.stats),
         "pairs": tm.pairs,
-        "coverage": None if tm.coverage is None else to_jsonable(tm.coverage),
+        "coverage": None if coverage is None else to_jsonable(coverage),
         "arrays": {
             "encoding": "int32-le, zlib, base64",
             "draft_to_target": _pack(tm.draft_to_target),
@@ -79,11 +93,12 @@ def map_to_dict(tm: TokenMap) -> dict:
     }
 
 
-def save_map(tm: TokenMap, path: str | Path) -> Path:
-    """Write ``tm`` to ``path`` (temp file + rename: an interrupted write leaves no partial file)."""
-    doc = map_to_dict(tm)
-    doc["sha256"] = hashlib.sha256(_canonical_bytes(doc)).hexdigest()
+def save_map(tm: TokenMap, path: str | Path, *, coverage: Coverage | None = None) -> Path:
+    """Write ``tm`` (and the ``coverage`` figures computed for it) to ``path``, atomically: temp
+    file + rename, so an interrupted write leaves no partial file."""
     path = Path(path)
+    doc = map_to_dict(tm, coverage, folder=path.parent)
+    doc["sha256"] = hashlib.sha256(_canonical_bytes(doc)).hexdigest()
     atomic_write_text(path, json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n")
     return path
 
@@ -110,7 +125,9 @@ def _read(path: Path) -> dict:
         raise MapFileError(f"{path}: the map file {why}; {_rebuild_hint(None)}.") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise MapFileError(f"{path}: not a {FORMAT} map file (format {got!r}); {_rebuild_hint(doc if isinstance(doc, dict) else None)}.")
+        raise MapFileError(
+            f"{path}: not a {FORMAT} map file (format {got!r}); {_rebuild_hint(doc if isinstance(doc, dict) else None)}."
+        )
     stored = doc.pop("sha256", None)
     if stored != hashlib.sha256(_canonical_bytes(doc)).hexdigest():
         what = "has no checksum" if stored is None else "does not match its checksum (edited or corrupted)"
@@ -120,15 +137,25 @@ def _read(path: Path) -> dict:
 
 def _side(d: dict, what: str, path: Path) -> MapSide:
     try:
-        return MapSide(str(d["source"]), str(d["fingerprint"]), int(d["tokenizer_size"]), d.get("model_vocab_size"))
+        source = str(d["source"])
+        if d.get("source_from_map"):
+            beside = os.path.normpath(os.path.join(os.path.abspath(path.parent), d["source_from_map"]))
+            if os.path.exists(beside):
+                source = beside
+        return MapSide(source, str(d["fingerprint"]), int(d["tokenizer_size"]), d.get("model_vocab_size"))
     except (KeyError, TypeError, ValueError) as e:
         raise MapFileError(f"{path}: the {what} record is incomplete ({e}); {_rebuild_hint(None)}.") from e
 
 
 def load_map(path: str | Path, *, drafter: TokenizerView | None = None, target: TokenizerView | None = None) -> TokenMap:
     """Read a map file; with views given, refuse it unless their fingerprints are the map's."""
-    from .coverage import Coverage
+    return read_map(path, drafter=drafter, target=target)[0]
 
+
+def read_map(
+    path: str | Path, *, drafter: TokenizerView | None = None, target: TokenizerView | None = None
+) -> tuple[TokenMap, Coverage | None]:
+    """The map in a map file and the coverage figures stored beside it (None when it has none)."""
     path = Path(path)
     doc = _read(path)
     mode = doc.get("mode")
@@ -150,12 +177,19 @@ def load_map(path: str | Path, *, drafter: TokenizerView | None = None, target: 
     stats = BuildStats(**{k: v for k, v in (doc.get("stats") or {}).items() if k in BuildStats.__dataclass_fields__})
     cov = doc.get("coverage")
     tm = TokenMap(
-        mode, dside, tside, d2t, t2d, input_bridge=bridge, draft_unk_id=doc.get("draft_unk_id"),
-        target_unk_id=doc.get("target_unk_id"), stats=stats, coverage=Coverage.from_dict(cov) if cov else None,
-    )  # fmt: skip
+        mode,
+        dside,
+        tside,
+        d2t,
+        t2d,
+        bridge,
+        draft_unk_id=doc.get("draft_unk_id"),
+        target_unk_id=doc.get("target_unk_id"),
+        stats=stats,
+    )
     if drafter is not None or target is not None:
         tm.check(drafter or _stand_in(dside), target or _stand_in(tside), path=str(path))
-    return tm
+    return tm, Coverage.from_dict(cov) if cov else None
 
 
 class _stand_in:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tokenizer.view import TokenizerView
-from .core import BuildStats
+from .tokenmap import BuildStats
 
 FALLBACK_MARKERS = ("\u0120", "\u2581")  # Ġ, ▁
 

@@ -14,10 +14,10 @@ import hmac
 import json
 import logging
 import time
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -25,18 +25,13 @@ from .. import __version__
 from ..chat import chat_prompt_ids
 from ..engine.sampling import SamplingParams
 from ..errors import VocabBridgeError
-from . import protocol as P
-from .metrics import ServerMetrics
-from .text import OutputText
+from ..spec import served_name
+from . import openai_api as P
+from .output_text import OutputText
+from .prometheus import ServerMetrics
 from .worker import EngineWorker, Event, GenRequest
 
 log = logging.getLogger("vocabbridge.server")
-
-
-def default_model_name(built) -> str:
-    """The name clients send: the target as the user gave it (a preset, a hub id), or a path's file name."""
-    given = built.spec.target_name
-    return Path(given).name if Path(given).expanduser().exists() else given
 
 
 class ServerState:
@@ -47,12 +42,13 @@ class ServerState:
         self.engine = built.engine
         self.view = built.target.view
         self.max_context = built.target.max_context
-        self.model_name = served_model_name or default_model_name(built)
+        self.model_name = served_model_name or served_name(built.spec.target_name)
         self.api_key = api_key
         self.created = int(time.time())
         speculative = built.mode != "none"
-        self.metrics = ServerMetrics(self.model_name, speculative=speculative, num_spec_tokens=built.engine.k,
-                                     max_model_len=self.max_context)  # fmt: skip
+        self.metrics = ServerMetrics(
+            self.model_name, speculative=speculative, num_spec_tokens=built.engine.k, max_model_len=self.max_context
+        )
         self.worker = EngineWorker(built.engine, self.metrics, max_num_seqs=max_num_seqs)
 
     # ==== request → engine =================================================================
@@ -63,27 +59,38 @@ class ServerState:
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise P.ApiError(401, "Incorrect or missing API key; send the header 'Authorization: Bearer <key>' "
-                                  "with the key the server was started with (--api-key).",
-                             code="invalid_api_key")  # fmt: skip
+            raise P.ApiError(
+                401,
+                "Incorrect or missing API key; send the header 'Authorization: Bearer <key>' "
+                "with the key the server was started with (--api-key).",
+                code="invalid_api_key",
+            )
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise P.ApiError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}' "
-                                  "(GET /v1/models).", param="model", code="model_not_found")  # fmt: skip
+            raise P.ApiError(
+                404,
+                f"The model '{model}' does not exist; this server serves '{self.model_name}' (GET /v1/models).",
+                param="model",
+                code="model_not_found",
+            )
 
     def completion_prompt(self, prompt) -> list[int]:
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
-                raise P.ApiError(400, f"prompt: one prompt per request (got {len(prompt)}); send several requests.",
-                                 param="prompt")  # fmt: skip
+                raise P.ApiError(
+                    400, f"prompt: one prompt per request (got {len(prompt)}); send several requests.", param="prompt"
+                )
             prompt = prompt[0]
         if isinstance(prompt, str):
             return self.view.encode(prompt)
         bad = [t for t in prompt if not 0 <= t < self.built.target.vocab_size]
         if bad:
-            raise P.ApiError(400, f"prompt: token id {bad[0]} is outside the vocabulary (0–{self.built.target.vocab_size - 1}).",
-                             param="prompt")  # fmt: skip
+            raise P.ApiError(
+                400,
+                f"prompt: token id {bad[0]} is outside the vocabulary (0–{self.built.target.vocab_size - 1}).",
+                param="prompt",
+            )
         return list(prompt)
 
     def chat_prompt(self, req: P.ChatCompletionRequest) -> list[int]:
@@ -101,27 +108,46 @@ class ServerState:
         if n == 0:
             raise P.ApiError(400, "the prompt is empty; give at least one token.", param="prompt")
         if n >= ctx:
-            raise P.ApiError(400, f"the prompt has {n} tokens but the model's context is {ctx} tokens; shorten the prompt.",
-                             param="prompt", code="context_length_exceeded")  # fmt: skip
+            raise P.ApiError(
+                400,
+                f"the prompt has {n} tokens but the model's context is {ctx} tokens; shorten the prompt.",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         if max_tokens is None:
             max_tokens = ctx - n
         if max_tokens < 1:
             raise P.ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
         if n + max_tokens > ctx:
-            raise P.ApiError(400, f"this model's context is {ctx} tokens; the prompt has {n} and max_tokens asks for "
-                                  f"{max_tokens}: lower max_tokens to at most {ctx - n} or shorten the prompt.",
-                             param="max_tokens", code="context_length_exceeded")  # fmt: skip
+            raise P.ApiError(
+                400,
+                f"this model's context is {ctx} tokens; the prompt has {n} and max_tokens asks for "
+                f"{max_tokens}: lower max_tokens to at most {ctx - n} or shorten the prompt.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         try:
-            return SamplingParams(max_new_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
-                                  top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0), seed=req.seed,
-                                  stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos)  # fmt: skip
+            return SamplingParams(
+                max_new_tokens=max_tokens,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=max(0, req.top_k or 0),
+                seed=req.seed,
+                stop_token_ids=tuple(req.stop_token_ids or ()),
+                ignore_eos=req.ignore_eos,
+            )
         except VocabBridgeError as e:
             raise P.ApiError(400, str(e)) from None
 
     def submit(self, req, prompt: list[int], params: SamplingParams) -> GenRequest:
         eos = frozenset() if params.ignore_eos else self.engine.eos_ids
-        text = OutputText(self.view, stop=P.stop_strings(req.stop), stop_ids=frozenset(params.stop_token_ids) | eos,
-                          skip_special=req.skip_special_tokens, include_stop=req.include_stop_str_in_output)  # fmt: skip
+        text = OutputText(
+            self.view,
+            stop=P.stop_strings(req.stop),
+            stop_ids=frozenset(params.stop_token_ids) | eos,
+            skip_special=req.skip_special_tokens,
+            include_stop=req.include_stop_str_in_output,
+        )
         gen = GenRequest(prompt, params, text, asyncio.get_running_loop())
         try:
             self.worker.submit(gen)
@@ -153,12 +179,18 @@ async def _stream(state: ServerState, gen: GenRequest, kind: str, rid: str, *, i
                 yield _sse(P.ApiError(status, message, type="server_error" if status >= 500 else "invalid_request_error").body())
                 break
             if ev.text or (return_ids and ev.token_ids):
-                yield _sse(P.chat_chunk(rid, model, created, {"content": ev.text}, token_ids=ids(ev)) if kind == "chat"
-                           else P.completion_chunk(rid, model, created, ev.text, token_ids=ids(ev)))  # fmt: skip
+                yield _sse(
+                    P.chat_chunk(rid, model, created, {"content": ev.text}, token_ids=ids(ev))
+                    if kind == "chat"
+                    else P.completion_chunk(rid, model, created, ev.text, token_ids=ids(ev))
+                )
             if ev.finish_reason:
                 finished = True
-                yield _sse(P.chat_chunk(rid, model, created, {}, ev.finish_reason, ev.stop_reason) if kind == "chat"
-                           else P.completion_chunk(rid, model, created, "", ev.finish_reason, ev.stop_reason))  # fmt: skip
+                yield _sse(
+                    P.chat_chunk(rid, model, created, {}, ev.finish_reason, ev.stop_reason)
+                    if kind == "chat"
+                    else P.completion_chunk(rid, model, created, "", ev.finish_reason, ev.stop_reason)
+                )
                 if include_usage:
                     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
                     yield _sse(P.usage_chunk(rid, model, created, obj, P.usage(len(gen.prompt), ev.completion_tokens)))
@@ -239,15 +271,21 @@ def create_app(built, *, served_model_name: str | None = None, api_key: str | No
 
     @app.get("/metrics")
     async def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request):
         state.check_auth(request)
-        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "vocabbridge",
-                "root": built.target.source, "parent": None, "max_model_len": state.max_context}  # fmt: skip
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "vocabbridge",
+            "root": built.target.source,
+            "parent": None,
+            "max_model_len": state.max_context,
+        }
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")

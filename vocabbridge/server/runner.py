@@ -11,7 +11,10 @@ import socket
 import threading
 import time
 
+import uvicorn
+
 from ..errors import VocabBridgeError
+from .app import create_app
 
 
 class ServerHandle:
@@ -51,16 +54,23 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_in_thread(built, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None,
-                    served_model_name: str | None = None, api_key: str | None = None, max_num_seqs: int = 8,
-                    log_level: str = "warning", access_log: bool = False, startup_timeout: float = 60.0) -> ServerHandle:  # fmt: skip
+def serve_in_thread(
+    built,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    sock: socket.socket | None = None,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_num_seqs: int = 8,
+    log_level: str = "warning",
+    access_log: bool = False,
+    startup_timeout: float = 60.0,
+) -> ServerHandle:
     """Start uvicorn serving ``built`` in a daemon thread; return once it accepts connections.
 
     ``sock``: an already bound socket (see :func:`bind`) instead of ``host``/``port``.
     """
-    import uvicorn
-
-    from .app import create_app
 
     app = create_app(built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs)
     if sock is None:

@@ -13,7 +13,7 @@ Presets become their hub ids (vLLM downloads them); paths and hub ids pass throu
 model name is the target as the user gave it, as with the embedded server, so a client works
 against either. The API key reaches vLLM through ``VLLM_API_KEY``, never the command line.
 
->>> from vocabbridge.engine.factory import EngineSpec
+>>> from vocabbridge.spec import EngineSpec
 >>> cmd = vllm_command(EngineSpec(target="qwen2.5-coder-1.5b", drafter="ngram", num_speculative_tokens=3), port=8000)
 >>> print(cmd.shell())
 vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct --host 127.0.0.1 --port 8000 --served-model-name qwen2.5-coder-1.5b \
@@ -32,14 +32,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ..errors import ConfigError, VocabBridgeError
-from ..presets import PRESETS
+import httpx
+
+from ..errors import VocabBridgeError
+from ..presets import resolve_model
+from ..spec import EngineSpec, engine_only_notes, served_name, vllm_model, vllm_speculative_config, vocabularies_match
 
 INSTALL_HINT = (
-    "vLLM is not installed: pip install 'vocabbridge[vllm]' (vLLM needs Linux with a CUDA GPU), "
-    "or serve with --backend embedded."
+    "vLLM is not installed: pip install 'vocabbridge[vllm]' (vLLM needs Linux with a CUDA GPU), or serve with --backend embedded."
 )
 
 
@@ -57,75 +58,31 @@ class VllmCommand:
         return prefix + " ".join(shlex.quote(a) for a in self.argv)
 
 
-def vllm_model(name: str) -> str:
-    """A preset → its hub id (vLLM loads hub checkpoints); anything else unchanged."""
-    p = PRESETS.get(name)
-    return p.hub_id if p else name
+def speculative_config(spec: EngineSpec) -> tuple[dict | None, list[str]]:
+    """vLLM's ``--speculative-config`` for ``spec`` (see :func:`vocabbridge.spec.vllm_speculative_config`),
+    with the vocabularies compared by name, and notes on how it was decided."""
+    notes: list[str] = []
+    same = None
+    if spec.uses_model:
+        same, how = vocabularies_match(spec.drafter, spec.target_name, resolve=resolve_model)
+        if same is None:
+            notes.append(f"vocabularies not compared: {how}; assuming they differ (use_heterogeneous_vocab is safe either way)")
+        else:
+            notes.append(f"{'same' if same else 'different'} vocabulary ({how})")
+    return vllm_speculative_config(spec, same_vocabulary=same, notes=notes), notes
 
 
-def served_name(target: str) -> str:
-    return Path(target).name if Path(target).expanduser().exists() else target
-
-
-def same_vocab(drafter: str, target: str) -> tuple[bool | None, str]:
-    """Whether two models share a vocabulary, and how that was decided.
-
-    Local tokenizers are loaded and compared token by token; else presets answer from their
-    vocabulary family; else the tokenizers are loaded from wherever they live (None if that fails).
-    """
-    from ..presets import resolve_model
-
-    local = [resolve_model(n) for n in (drafter, target)]
-    if all(Path(p).expanduser().exists() for p in local):
-        return _compare_loaded(*local)
-    pd, pt = PRESETS.get(drafter), PRESETS.get(target)
-    if pd and pt and pd.vocab and pt.vocab:
-        return pd.vocab == pt.vocab, f"presets: {pd.vocab} vs {pt.vocab} vocabulary"
-    return _compare_loaded(vllm_model(drafter), vllm_model(target))
-
-
-def _compare_loaded(drafter: str, target: str) -> tuple[bool | None, str]:
-    from ..engine.factory import same_vocabulary
-    from ..tokenizer import load_tokenizer
-
-    try:
-        d, t = load_tokenizer(drafter), load_tokenizer(target)
-    except VocabBridgeError as e:
-        return None, f"could not load the tokenizers to compare them ({e})"
-    return same_vocabulary(d, t), "tokenizers compared token by token"
-
-
-def speculative_config(spec) -> tuple[dict | None, list[str]]:
-    """vLLM's ``--speculative-config`` for ``spec``, and notes on how it was decided."""
-    k, d, notes = spec.num_speculative_tokens, spec.drafter, []
-    if d == "none":
-        return None, notes
-    if d == "ngram":
-        cfg = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": spec.prompt_lookup_min,
-               "prompt_lookup_max": spec.prompt_lookup_max}  # fmt: skip
-        return cfg, notes
-    if d == "mtp":
-        p = PRESETS.get(spec.target_name)
-        if p is not None and not p.has_mtp:
-            raise ConfigError(f"{spec.target_name} has no MTP head; use --drafter ngram or a draft model with it.")
-        return {"method": "mtp", "num_speculative_tokens": k}, notes
-    cfg = {"method": "draft_model", "model": vllm_model(d), "num_speculative_tokens": k}
-    same, how = same_vocab(d, spec.target_name)
-    if same is None:
-        notes.append(f"vocabularies not compared: {how}; assuming they differ (use_heterogeneous_vocab is safe either way)")
-    else:
-        notes.append(f"{'same' if same else 'different'} vocabulary ({how})")
-    if not same:
-        # vLLM's token-level intersection (TLI) works with greedy draft sampling only.
-        cfg |= {"use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}
-    if spec.mode in ("bridged", "text") or spec.map_path:
-        notes.append("--mode/--map apply to the embedded engine; vLLM builds its own string-intersection map")
-    return cfg, notes
-
-
-def vllm_command(spec, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-                 api_key: str | None = None, max_num_seqs: int | None = None, tensor_parallel_size: int | None = None,
-                 extra_args: tuple[str, ...] | list[str] = ()) -> VllmCommand:  # fmt: skip
+def vllm_command(
+    spec,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_num_seqs: int | None = None,
+    tensor_parallel_size: int | None = None,
+    extra_args: tuple[str, ...] | list[str] = (),
+) -> VllmCommand:
     """The exact ``vllm serve`` argv for ``spec`` (nothing is run)."""
     model = vllm_model(spec.target_name)
     name = served_model_name or served_name(spec.target_name)
@@ -140,11 +97,7 @@ def vllm_command(spec, *, host: str = "127.0.0.1", port: int = 8000, served_mode
     if cfg is not None:
         argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
     argv += list(extra_args)
-    engine_only = [flag for flag, on in (("--adaptive-k", spec.adaptive_k), ("--min-confidence", spec.min_confidence),
-                                         ("--ngram-first", spec.ngram_first), ("--drafter-dtype", spec.drafter_dtype != "auto"))
-                   if on]  # fmt: skip
-    if engine_only:
-        notes.append(f"{'/'.join(engine_only)} apply to the embedded engine only")
+    notes += engine_only_notes(spec)
     env = {"VLLM_API_KEY": api_key} if api_key else {}
     return VllmCommand(argv, name, cfg, env, notes)
 
@@ -178,7 +131,6 @@ def choose_backend(requested: str) -> tuple[str, str]:
 def run_vllm(cmd: VllmCommand, *, host: str, port: int, on_ready, poll_s: float = 1.0) -> int:
     """Run ``cmd``; call ``on_ready()`` once its /health answers 200; forward SIGINT/SIGTERM to it;
     return its exit status (0 after a clean stop)."""
-    import httpx
 
     if not vllm_installed():
         raise VocabBridgeError(INSTALL_HINT)

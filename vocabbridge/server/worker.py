@@ -26,8 +26,8 @@ from ..engine.engine import SpecEngine
 from ..engine.sampling import SamplingParams
 from ..engine.stats import SpecStats
 from ..errors import VocabBridgeError
-from .metrics import ServerMetrics
-from .text import OutputText
+from .output_text import OutputText
+from .prometheus import ServerMetrics
 
 log = logging.getLogger("vocabbridge.server")
 

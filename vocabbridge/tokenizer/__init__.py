@@ -2,5 +2,6 @@
 
 from .loaders import PATTERNS, load_tokenizer
 from .view import AddedToken, TokenizerView
+from .vocabulary import same_vocabulary
 
-__all__ = ["AddedToken", "PATTERNS", "TokenizerView", "load_tokenizer"]
+__all__ = ["AddedToken", "PATTERNS", "TokenizerView", "load_tokenizer", "same_vocabulary"]

@@ -16,6 +16,8 @@ import json
 from functools import lru_cache
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from .encoding import byte_level_decode
 
 # What ``ByteLevel(use_regex=True)`` splits on (GPT-2's pattern, built into the tokenizers crate).
@@ -87,7 +89,6 @@ def is_byte_level(spec: dict | None) -> bool:
 
 @lru_cache(maxsize=64)
 def _stages(normalizer_json: str, pre_tokenizer_json: str):
-    from tokenizers import Tokenizer
 
     doc = {
         "version": "1.0",

@@ -22,24 +22,61 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 ROLE_ORDER = (
-    "bos", "eos", "pad", "unk", "end_of_turn", "start_of_turn", "end_of_header",
-    "role:system", "role:user", "role:assistant", "think_start", "think_end",
-    "tool_call_start", "tool_call_end", "fim_prefix", "fim_middle", "fim_suffix", "fim_pad",
-)  # fmt: skip
+    "bos",
+    "eos",
+    "pad",
+    "unk",
+    "end_of_turn",
+    "start_of_turn",
+    "end_of_header",
+    "role:system",
+    "role:user",
+    "role:assistant",
+    "think_start",
+    "think_end",
+    "tool_call_start",
+    "tool_call_end",
+    "fim_prefix",
+    "fim_middle",
+    "fim_suffix",
+    "fim_pad",
+)
 
 # Names are compared after lower-casing and dropping the usual bracket characters.
 _NAME_ROLES = {
-    "endofturn": "end_of_turn", "eotid": "end_of_turn", "imend": "end_of_turn", "end": "end_of_turn",
-    "eot": "end_of_turn", "startofturn": "start_of_turn", "imstart": "start_of_turn",
-    "think": "think_start", "/think": "think_end",
-    "toolcall": "tool_call_start", "/toolcall": "tool_call_end",
-    "fimprefix": "fim_prefix", "fimmiddle": "fim_middle", "fimsuffix": "fim_suffix", "fimpad": "fim_pad",
-    "fimbegin": "fim_prefix", "fimhole": "fim_middle", "fimend": "fim_suffix",
-    "bos": "bos", "s": "bos", "beginoftext": "bos", "beginofsentence": "bos",
-    "eos": "eos", "/s": "eos", "endoftext": "eos", "endofsentence": "eos",
-    "pad": "pad", "unk": "unk",
-}  # fmt: skip
+    "endofturn": "end_of_turn",
+    "eotid": "end_of_turn",
+    "imend": "end_of_turn",
+    "end": "end_of_turn",
+    "eot": "end_of_turn",
+    "startofturn": "start_of_turn",
+    "imstart": "start_of_turn",
+    "think": "think_start",
+    "/think": "think_end",
+    "toolcall": "tool_call_start",
+    "/toolcall": "tool_call_end",
+    "fimprefix": "fim_prefix",
+    "fimmiddle": "fim_middle",
+    "fimsuffix": "fim_suffix",
+    "fimpad": "fim_pad",
+    "fimbegin": "fim_prefix",
+    "fimhole": "fim_middle",
+    "fimend": "fim_suffix",
+    "bos": "bos",
+    "s": "bos",
+    "beginoftext": "bos",
+    "beginofsentence": "bos",
+    "eos": "eos",
+    "/s": "eos",
+    "endoftext": "eos",
+    "endofsentence": "eos",
+    "pad": "pad",
+    "unk": "unk",
+}
 _STRIP = re.compile(r"[<>|\[\]｜▁_\s-]")
 
 _SENTINELS = {
@@ -68,11 +105,6 @@ def _token_content(v: Any) -> str | None:
 
 def _render_template(template: str, config: dict) -> str | None:
     """Render ``template`` on sentinel messages; None when it cannot be rendered."""
-    try:
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:  # pragma: no cover - jinja2 ships with transformers
-        return None
 
     def raise_exception(msg):
         raise ValueError(msg)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from ..errors import UnsupportedTokenizerError
 from .encoding import BYTE_LEVEL, RAW, SENTENCEPIECE, SPM_SPACE, decode_many
 from .pipeline import Pipeline, describe_normalizer, describe_pre_tokenizer, pre_tokenizer_regexes
@@ -138,7 +140,6 @@ class TokenizerView:
     @cached_property
     def backend(self):
         """The full ``tokenizers.Tokenizer`` (built on first use: it costs a few hundred ms)."""
-        from tokenizers import Tokenizer
 
         return Tokenizer.from_str(self.doc_json)
 
@@ -258,9 +259,15 @@ def view_from_doc(
     )
     normalizer, pre_tokenizer = doc.get("normalizer"), doc.get("pre_tokenizer")
     fp = fingerprint_of(
-        model_type=model_type, encoding=encoding, tokens=tokens, added=added, merges=merges,
-        normalizer=normalizer, pre_tokenizer=pre_tokenizer, byte_fallback=byte_fallback,
-    )  # fmt: skip
+        model_type=model_type,
+        encoding=encoding,
+        tokens=tokens,
+        added=added,
+        merges=merges,
+        normalizer=normalizer,
+        pre_tokenizer=pre_tokenizer,
+        byte_fallback=byte_fallback,
+    )
     return TokenizerView(
         source=source,
         format=fmt,

@@ -1,12 +1,20 @@
 """Drafters behind one interface (``Drafter.session(prompt).propose(context, k, params, gen)``)."""
 
-from .base import DraftSession, Drafter, NoDrafter, Proposal
+from .base import Drafter, DraftSession, NoDrafter, Proposal
 from .combined import NgramFirstDrafter
 from .model_based import BridgedDrafter, DraftModelDrafter
 from .ngram import NgramDrafter, find_ngram_proposal
 from .text import TextDrafter
 
 __all__ = [
-    "BridgedDrafter", "DraftModelDrafter", "DraftSession", "Drafter", "NgramDrafter", "NgramFirstDrafter", "NoDrafter", "Proposal",
-    "TextDrafter", "find_ngram_proposal",
-]  # fmt: skip
+    "BridgedDrafter",
+    "DraftModelDrafter",
+    "DraftSession",
+    "Drafter",
+    "NgramDrafter",
+    "NgramFirstDrafter",
+    "NoDrafter",
+    "Proposal",
+    "TextDrafter",
+    "find_ngram_proposal",
+]

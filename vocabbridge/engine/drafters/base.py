@@ -4,6 +4,7 @@ tokens. All drafters look alike to the engine (vLLM's proposers do the same)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,14 +23,27 @@ class DraftSession:
 
     forwards: int = 0  # drafter model forwards so far
 
+    def warm(self, context: list[int], chunk: int) -> Iterator[None]:
+        """Prefill the drafter on ``context`` in chunks of ``chunk`` tokens, yielding between them,
+        so its first proposal is cheap and no single step keeps the engine busy for long. Drafters
+        without a model have nothing to warm."""
+        return iter(())
+
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
         """Up to ``k`` tokens to follow ``context`` (all committed target ids: prompt + output)."""
         raise NotImplementedError
 
 
 class Drafter:
+    """What the registry (``vocabbridge.spec.DRAFTERS``) builds: ``from_spec(spec, target, drafter_lm)``."""
+
     name = "base"
     uses_model = False
+
+    @classmethod
+    def from_spec(cls, spec, target, drafter_lm) -> Drafter:
+        """The drafter for an :class:`~vocabbridge.spec.EngineSpec`, its target and drafter model (or None)."""
+        return cls()
 
     def load_model(self) -> None:
         """Load weights if the drafter has any (n-gram and none have nothing to load)."""

@@ -8,7 +8,7 @@ one forward on its next turn (sessions sync to the committed context).
 
 from __future__ import annotations
 
-from .base import DraftSession, Drafter, Proposal
+from .base import Drafter, DraftSession, Proposal
 from .ngram import NgramIndex
 
 
@@ -21,6 +21,9 @@ class _CombinedSession(DraftSession):
     @property
     def forwards(self) -> int:
         return self.model.forwards
+
+    def warm(self, context, chunk):
+        return self.model.warm(context, chunk)
 
     def propose(self, context, k, params, generator):
         tokens = self.index.propose(context, k)
@@ -45,4 +48,9 @@ class NgramFirstDrafter(Drafter):
         return _CombinedSession(self, prompt)
 
     def describe(self):
-        return {"name": self.name, "prompt_lookup_min": self.min_n, "prompt_lookup_max": self.max_n, "model": self.model.describe()}
+        return {
+            "name": self.name,
+            "prompt_lookup_min": self.min_n,
+            "prompt_lookup_max": self.max_n,
+            "model": self.model.describe(),
+        }

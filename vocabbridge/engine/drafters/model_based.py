@@ -14,9 +14,14 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
+from ...mapping import token_map_for
+from ...tokenizer import same_vocabulary
+from ...util import common_prefix_len
 from ..model import CausalLM
 from ..sampling import SamplingParams, logits_to_probs, sample
-from .base import DraftSession, Drafter, Proposal
+from .base import Drafter, DraftSession, Proposal
+
+WARM_K = 64  # the largest k: a window set while warming holds for every later proposal
 
 
 class ModelDraftSession(DraftSession):
@@ -41,6 +46,15 @@ class ModelDraftSession(DraftSession):
         if len(want) - self.window_start > limit:
             self.window_start = max(0, len(want) - limit // 2)
         return want[self.window_start :] if self.window_start else want
+
+    def warm(self, context: list[int], chunk: int):
+        want = self._windowed(self.drafter_context(context), WARM_K)[:-1]  # propose() feeds the last token
+        n = common_prefix_len(self.kv.ids, want)
+        self.kv.truncate(n)
+        for start in range(n, len(want), chunk):
+            self.kv.extend(want[start : start + chunk], keep=1)
+            self.forwards += 1
+            yield
 
     def _feed(self, context: list[int], k: int) -> torch.Tensor:
         want = self._windowed(self.drafter_context(context), k)
@@ -123,8 +137,15 @@ class DraftModelDrafter(Drafter):
         self.lm = lm
         self.target_vocab = target_vocab_size
         self.min_confidence = min_confidence
-        if target_view is not None:
-            _check_same_vocabulary(lm, target_view)
+        if target_view is not None and not same_vocabulary(lm.view, target_view):
+            raise ConfigError(
+                f"drafter {lm.source} does not share the target's vocabulary; use the bridged or text drafter "
+                "(--mode bridged|text) for a drafter with another tokenizer."
+            )
+
+    @classmethod
+    def from_spec(cls, spec, target, drafter_lm):
+        return cls(drafter_lm, target_vocab_size=target.vocab_size, min_confidence=spec.min_confidence)
 
     def session(self, prompt):
         s = _DraftSession(self.lm, min_confidence=self.min_confidence)
@@ -133,17 +154,6 @@ class DraftModelDrafter(Drafter):
 
     def describe(self):
         return {"name": self.name, "model": self.lm.source, "min_confidence": self.min_confidence}
-
-
-def _check_same_vocabulary(lm: CausalLM, target_view) -> None:
-    a, b = lm.view.tokens, target_view.tokens
-    n = min(len(a), len(b))
-    same = sum(1 for i in range(0, n, max(1, n // 2000)) if a[i] == b[i])
-    if same < 0.99 * len(range(0, n, max(1, n // 2000))):
-        raise ConfigError(
-            f"drafter {lm.source} does not share the target's vocabulary; use the bridged or text drafter "
-            "(--mode bridged|text) for a drafter with another tokenizer."
-        )
 
 
 # ==== another vocabulary, through a token map =================================================
@@ -203,9 +213,26 @@ class BridgedDrafter(Drafter):
         self.d2t_sources = torch.from_numpy(src).to(lm.device)
         self.d2t_targets = torch.from_numpy(full[src]).to(lm.device)
 
+    @classmethod
+    def from_spec(cls, spec, target, drafter_lm):
+        tm = token_map_for(
+            drafter_lm.view,
+            target.view,
+            path=spec.map_path,
+            mode=spec.map_mode,
+            drafter_vocab_size=drafter_lm.vocab_size,
+            target_vocab_size=target.vocab_size,
+        )
+        return cls(drafter_lm, tm, target_vocab_size=target.vocab_size, min_confidence=spec.min_confidence)
+
     def session(self, prompt):
         return _BridgedSession(self, min_confidence=self.min_confidence)
 
     def describe(self):
-        return {"name": self.name, "model": self.lm.source, "map_mode": self.token_map.mode,
-                "mapped_drafter_tokens": int((self.d2t >= 0).sum()), "min_confidence": self.min_confidence}  # fmt: skip
+        return {
+            "name": self.name,
+            "model": self.lm.source,
+            "map_mode": self.token_map.mode,
+            "mapped_drafter_tokens": int((self.d2t >= 0).sum()),
+            "min_confidence": self.min_confidence,
+        }

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import DraftSession, Drafter, Proposal
+from ...errors import ConfigError
+from .base import Drafter, DraftSession, Proposal
 
 
 def find_ngram_proposal(tokens: Sequence[int], k: int, min_n: int = 1, max_n: int = 4) -> list[int]:
@@ -65,10 +66,12 @@ class NgramDrafter(Drafter):
 
     def __init__(self, *, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4):
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:
-            from ...errors import ConfigError
-
             raise ConfigError(f"need 1 ≤ prompt_lookup_min ≤ prompt_lookup_max, got {prompt_lookup_min}, {prompt_lookup_max}.")
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
+
+    @classmethod
+    def from_spec(cls, spec, target, drafter_lm):
+        return cls(prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
 
     def session(self, prompt):
         return _NgramSession(self.min_n, self.max_n)

@@ -167,9 +167,17 @@ class TextDrafter(Drafter):
             return new + [self.target_end]
         return new[:-1]
 
+    @classmethod
+    def from_spec(cls, spec, target, drafter_lm):
+        return cls(drafter_lm, target.view, target_vocab_size=target.vocab_size, min_confidence=spec.min_confidence)
+
     def session(self, prompt):
         return _TextSession(self, min_confidence=self.min_confidence)
 
     def describe(self):
-        return {"name": self.name, "model": self.lm.source, "drafter_tokens_per_target_token": round(self.ratio, 3),
-                "min_confidence": self.min_confidence}  # fmt: skip
+        return {
+            "name": self.name,
+            "model": self.lm.source,
+            "drafter_tokens_per_target_token": round(self.ratio, 3),
+            "min_confidence": self.min_confidence,
+        }

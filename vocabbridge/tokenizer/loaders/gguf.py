@@ -38,6 +38,11 @@ def load_gguf(path: Path, *, source: str | None = None) -> TokenizerView:
     }
     config = {"chat_template": tok_config.get("chat_template"), "add_bos_token": tok_config.get("add_bos_token")}
     return view_from_doc(
-        json.loads(text), source=source or str(path), fmt="gguf", config=config,
-        config_ids=config_ids, model_vocab_size=len(tok_dict["tokens"]), doc_json=text,
-    )  # fmt: skip
+        json.loads(text),
+        source=source or str(path),
+        fmt="gguf",
+        config=config,
+        config_ids=config_ids,
+        model_vocab_size=len(tok_dict["tokens"]),
+        doc_json=text,
+    )

@@ -12,6 +12,8 @@ from typing import Any
 
 from ...errors import TokenizerSourceError, UnsupportedTokenizerError
 from ..view import TokenizerView, view_from_doc
+from .gguf import load_gguf
+from .tiktoken import load_tiktoken, looks_like_tiktoken
 
 
 def read_json(path: Path, *, what: str = "JSON") -> tuple[Any, str]:
@@ -80,9 +82,15 @@ def load_tokenizer_json(path: Path, *, source: str | None = None, fmt: str = "to
     doc = _check_doc(doc, path)
     config, template, config_ids, vocab_size = folder_metadata(path.parent)
     return view_from_doc(
-        doc, source=source or str(path), fmt=fmt, config=config, chat_template=template,
-        config_ids=config_ids, model_vocab_size=vocab_size, doc_json=text,
-    )  # fmt: skip
+        doc,
+        source=source or str(path),
+        fmt=fmt,
+        config=config,
+        chat_template=template,
+        config_ids=config_ids,
+        model_vocab_size=vocab_size,
+        doc_json=text,
+    )
 
 
 def load_slow_folder(folder: Path, *, source: str | None = None, fmt: str = "hf-slow") -> TokenizerView:
@@ -92,7 +100,9 @@ def load_slow_folder(folder: Path, *, source: str | None = None, fmt: str = "hf-
         raise TokenizerSourceError(f"{folder / 'vocab.json'}: expected an object mapping token → id.")
     for lineno, line in enumerate((folder / "merges.txt").read_text(encoding="utf-8").splitlines(), 1):
         if line and not line.startswith("#version") and len(line.split(" ")) != 2:
-            raise TokenizerSourceError(f"{folder / 'merges.txt'}:{lineno}: expected two tokens separated by a space, got {line!r}.")
+            raise TokenizerSourceError(
+                f"{folder / 'merges.txt'}:{lineno}: expected two tokens separated by a space, got {line!r}."
+            )
     try:
         from transformers import AutoTokenizer
 
@@ -105,9 +115,15 @@ def load_slow_folder(folder: Path, *, source: str | None = None, fmt: str = "hf-
     text = backend.to_str()
     config, template, config_ids, vocab_size = folder_metadata(folder)
     return view_from_doc(
-        json.loads(text), source=source or str(folder), fmt=fmt, config=config, chat_template=template,
-        config_ids=config_ids, model_vocab_size=vocab_size, doc_json=text,
-    )  # fmt: skip
+        json.loads(text),
+        source=source or str(folder),
+        fmt=fmt,
+        config=config,
+        chat_template=template,
+        config_ids=config_ids,
+        model_vocab_size=vocab_size,
+        doc_json=text,
+    )
 
 
 def load_folder(folder: Path, *, source: str | None = None, pattern: str | None = None, fmt_prefix: str = "") -> TokenizerView:
@@ -118,13 +134,9 @@ def load_folder(folder: Path, *, source: str | None = None, pattern: str | None 
         return load_slow_folder(folder, source=source, fmt=fmt_prefix + "hf-slow")
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) == 1:
-        from .gguf import load_gguf
-
         return load_gguf(ggufs[0], source=source)
     ranks = sorted([*folder.glob("*.tiktoken"), *folder.glob("tokenizer.model")])
     if ranks:
-        from .tiktoken import load_tiktoken, looks_like_tiktoken
-
         if looks_like_tiktoken(ranks[0]):
             return load_tiktoken(ranks[0], pattern=pattern, source=source)
     if (folder / "tokenizer.model").is_file():

@@ -8,11 +8,20 @@ from pathlib import Path
 
 from ...errors import HubUnavailableError, TokenizerSourceError
 from ..view import TokenizerView
+from .hf import load_folder
 
 TOKENIZER_FILES = [
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "chat_template.jinja", "chat_template.json", "config.json", "generation_config.json", "*.tiktoken",
-]  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "config.json",
+    "generation_config.json",
+    "*.tiktoken",
+]
 
 
 def load_hub(repo_id: str, *, revision: str | None = None, pattern: str | None = None) -> TokenizerView:
@@ -29,13 +38,14 @@ def load_hub(repo_id: str, *, revision: str | None = None, pattern: str | None =
             f"{repo_id}: no such repository on the Hugging Face hub (or it is private: run `hf auth login`)."
         ) from e
     except GatedRepoError as e:
-        raise HubUnavailableError(f"{repo_id}: the repository is gated; accept its licence on the hub and run `hf auth login`.") from e
+        raise HubUnavailableError(
+            f"{repo_id}: the repository is gated; accept its licence on the hub and run `hf auth login`."
+        ) from e
     except (LocalEntryNotFoundError, OSError) as e:
         why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
         raise HubUnavailableError(
             f"{repo_id}: {why} and the tokenizer is not in the local cache. On a machine with access run "
             f"`hf download {repo_id} --include 'tokenizer*' '*.json' 'merges.txt'` and pass the folder path instead."
         ) from e
-    from .hf import load_folder
 
     return load_folder(Path(folder), source=repo_id, pattern=pattern, fmt_prefix="hub:")

@@ -13,10 +13,14 @@ import binascii
 import json
 from pathlib import Path
 
+from tokenizers import AddedToken
+
 from ...errors import TokenizerSourceError
 from ..view import TokenizerView, view_from_doc
 
-_CL100K = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_CL100K = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 PATTERNS = {
     "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
     "cl100k": _CL100K,
@@ -87,13 +91,13 @@ def load_tiktoken(
 
     tok = _Converter(vocab_file=str(path), pattern=regex).converted()
     if special_tokens:
-        from tokenizers import AddedToken
-
         base = len(ranks)
         for content, tid in sorted(special_tokens.items(), key=lambda kv: kv[1]):
             if tid < base:
                 raise TokenizerSourceError(f"special token {content!r} id {tid} collides with rank ids (< {base}).")
-        tok.add_special_tokens([AddedToken(c, normalized=False, special=True) for c, _ in sorted(special_tokens.items(), key=lambda kv: kv[1])])
+        tok.add_special_tokens(
+            [AddedToken(c, normalized=False, special=True) for c, _ in sorted(special_tokens.items(), key=lambda kv: kv[1])]
+        )
     text = tok.to_str()
     doc = json.loads(text)
     if special_tokens:  # tokenizers numbers added tokens consecutively; put them at the ids the user gave

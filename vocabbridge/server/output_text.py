@@ -19,8 +19,15 @@ import codecs
 
 
 class OutputText:
-    def __init__(self, view, *, stop: tuple[str, ...] = (), stop_ids: frozenset[int] = frozenset(),
-                 skip_special: bool = True, include_stop: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        view,
+        *,
+        stop: tuple[str, ...] = (),
+        stop_ids: frozenset[int] = frozenset(),
+        skip_special: bool = True,
+        include_stop: bool = False,
+    ):
         self.view = view
         self.stop = stop
         self.stop_ids = stop_ids

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import MetricsError
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..errors import MetricsError
 
 PREFIX = "vllm:"
 SPEC = {  # field → metric name without "_total"
@@ -59,7 +61,6 @@ def _base_name(sample_name: str) -> str:
 
 def parse_counters(text: str) -> Counters:
     """Sum the counters this benchmark reads out of Prometheus text exposition."""
-    from prometheus_client.parser import text_string_to_metric_families
 
     wanted = {name: f for f, name in COUNTERS.items()}
     values: dict[str, float | None] = dict.fromkeys(COUNTERS)
@@ -82,8 +83,9 @@ def parse_counters(text: str) -> Counters:
                     f = wanted[name]
                     values[f] = (values[f] or 0.0) + s.value
     except (ValueError, TypeError, IndexError) as e:
-        raise MetricsError(f"the /metrics page is not Prometheus text exposition ({e}); "
-                           "is the URL a vLLM-compatible server?") from None
+        raise MetricsError(
+            f"the /metrics page is not Prometheus text exposition ({e}); is the URL a vLLM-compatible server?"
+        ) from None
     return Counters(values, per_pos, vllm)
 
 
@@ -121,13 +123,16 @@ class SpecDelta:
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         pad = lambda xs: list(xs) + [0] * (n - len(xs))  # noqa: E731
         return SpecDelta(
-            drafts=add(self.drafts, other.drafts), draft_tokens=add(self.draft_tokens, other.draft_tokens),
+            drafts=add(self.drafts, other.drafts),
+            draft_tokens=add(self.draft_tokens, other.draft_tokens),
             accepted=add(self.accepted, other.accepted),
             accepted_per_pos=[a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))],
             prompt_tokens=add(self.prompt_tokens, other.prompt_tokens),
-            generation_tokens=add(self.generation_tokens, other.generation_tokens), requests=add(self.requests, other.requests),
-            spec_counters=self.spec_counters or other.spec_counters, notes=tuple(dict.fromkeys(self.notes + other.notes)),
-        )  # fmt: skip
+            generation_tokens=add(self.generation_tokens, other.generation_tokens),
+            requests=add(self.requests, other.requests),
+            spec_counters=self.spec_counters or other.spec_counters,
+            notes=tuple(dict.fromkeys(self.notes + other.notes)),
+        )
 
 
 def counter_delta(before: Counters, after: Counters) -> SpecDelta:
@@ -158,7 +163,7 @@ def counter_delta(before: Counters, after: Counters) -> SpecDelta:
         for i in positions:
             b, a = before.accepted_per_pos.get(i), after.accepted_per_pos.get(i)
             if a is None or a < (b or 0.0):
-                notes.append(f"{PER_POS}{{position=\"{i}\"}} went down or disappeared between scrapes")
+                notes.append(f'{PER_POS}{{position="{i}"}} went down or disappeared between scrapes')
                 continue
             per_pos[i] = round(a - (b or 0.0))
     return SpecDelta(accepted_per_pos=per_pos, spec_counters=spec, notes=tuple(notes), **out)

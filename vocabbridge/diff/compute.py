@@ -12,9 +12,7 @@ special tokens are compared in their own section, by role.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ..errors import TokenizerSourceError
 from ..tokenizer.encoding import display
 from ..tokenizer.roles import ROLE_ORDER
 from ..tokenizer.scripts import SCRIPTS, is_multiword, script_of
@@ -183,10 +181,18 @@ class TokenizerDiff:
 
 def _side(v: TokenizerView) -> Side:
     return Side(
-        source=v.source, format=v.format, model_type=v.model_type, encoding=v.encoding, fingerprint=v.fingerprint,
-        ids=v.size, base=v.base_size, added=len(v.added), special=len(v.special_ids), merges=len(v.merges),
+        source=v.source,
+        format=v.format,
+        model_type=v.model_type,
+        encoding=v.encoding,
+        fingerprint=v.fingerprint,
+        ids=v.size,
+        base=v.base_size,
+        added=len(v.added),
+        special=len(v.special_ids),
+        merges=len(v.merges),
         model_vocab_size=v.model_vocab_size,
-    )  # fmt: skip
+    )
 
 
 def identical_prefix(xs, ys) -> int:
@@ -227,10 +233,15 @@ def _vocab(a: TokenizerView, b: TokenizerView, base_a: dict, base_b: dict, n_exa
     only_b_ids = [i for i in b.base_ids if b.tokens[i] not in base_a]
     return VocabSection(
         identical_prefix=identical_prefix(a.tokens, b.tokens),
-        same_id=same, moved=moved, only_a=only_a, only_b=len(only_b_ids), shared=same + moved,
-        moved_examples=moved_ex, only_a_examples=only_a_ex,
+        same_id=same,
+        moved=moved,
+        only_a=only_a,
+        only_b=len(only_b_ids),
+        shared=same + moved,
+        moved_examples=moved_ex,
+        only_a_examples=only_a_ex,
         only_b_examples=[Example(display(b.tokens[i]), None, i) for i in only_b_ids[:n_examples]],
-    )  # fmt: skip
+    )
 
 
 def _merges(a: TokenizerView, b: TokenizerView) -> MergesSection:
@@ -251,12 +262,16 @@ def _pipeline(a: TokenizerView, b: TokenizerView, samples: dict[str, str]) -> Pi
         for name, text in samples.items()
     ]
     return PipelineSection(
-        normalizer_a=da["normalizer"], normalizer_b=db["normalizer"],
-        pre_tokenizer_a=da["pre_tokenizer"], pre_tokenizer_b=db["pre_tokenizer"],
-        regexes_a=a.pre_tokenizer_regexes, regexes_b=b.pre_tokenizer_regexes,
+        normalizer_a=da["normalizer"],
+        normalizer_b=db["normalizer"],
+        pre_tokenizer_a=da["pre_tokenizer"],
+        pre_tokenizer_b=db["pre_tokenizer"],
+        regexes_a=a.pre_tokenizer_regexes,
+        regexes_b=b.pre_tokenizer_regexes,
         same_normalizer=a.normalizer == b.normalizer or (not a.normalizer and not b.normalizer),
-        same_pre_tokenizer=a.pre_tokenizer == b.pre_tokenizer, samples=rows,
-    )  # fmt: skip
+        same_pre_tokenizer=a.pre_tokenizer == b.pre_tokenizer,
+        samples=rows,
+    )
 
 
 def _specials(a: TokenizerView, b: TokenizerView, n_examples: int) -> SpecialsSection:
@@ -264,10 +279,15 @@ def _specials(a: TokenizerView, b: TokenizerView, n_examples: int) -> SpecialsSe
     rows = []
     for r in roles:
         ia, ib = a.roles.get(r), b.roles.get(r)
-        rows.append(SpecialRow(
-            r, ia, None if ia is None else (a.tokens[ia] or b"").decode("utf-8", "replace"),
-            ib, None if ib is None else (b.tokens[ib] or b"").decode("utf-8", "replace"),
-        ))  # fmt: skip
+        rows.append(
+            SpecialRow(
+                r,
+                ia,
+                None if ia is None else (a.tokens[ia] or b"").decode("utf-8", "replace"),
+                ib,
+                None if ib is None else (b.tokens[ib] or b"").decode("utf-8", "replace"),
+            )
+        )
     ca = {t.content: t.id for t in a.added if t.special}
     cb = {t.content: t.id for t in b.added if t.special}
     only_a = [Example(c, i, None) for c, i in ca.items() if c not in cb]
@@ -281,10 +301,13 @@ def _multiword(a: TokenizerView, b: TokenizerView, base_a: dict, base_b: dict, n
     only_a = [(t, i) for t, i in mw_a if t not in base_b]
     only_b = [(t, i) for t, i in mw_b if t not in base_a]
     return MultiwordSection(
-        count_a=len(mw_a), count_b=len(mw_b), only_a=len(only_a), only_b=len(only_b),
+        count_a=len(mw_a),
+        count_b=len(mw_b),
+        only_a=len(only_a),
+        only_b=len(only_b),
         examples_a=[Example(display(t), i, base_b.get(t)) for t, i in (only_a or mw_a)[:n_examples]],
         examples_b=[Example(display(t), base_a.get(t), i) for t, i in (only_b or mw_b)[:n_examples]],
-    )  # fmt: skip
+    )
 
 
 def _scripts(base_a: dict, base_b: dict) -> list[ScriptRow]:
@@ -295,16 +318,6 @@ def _scripts(base_a: dict, base_b: dict) -> list[ScriptRow]:
         if t not in base_a:
             counts[script_of(t)][2] += 1
     return [ScriptRow(s, *counts[s]) for s in SCRIPTS]
-
-
-def read_text_file(path: str | Path) -> str:
-    p = Path(path)
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise TokenizerSourceError(f"{p}: no such text file.") from e
-    except UnicodeDecodeError as e:
-        raise TokenizerSourceError(f"{p}: not UTF-8 text (byte {e.start}); pass UTF-8 files to --text.") from e
 
 
 def text_stat(a: TokenizerView, b: TokenizerView, name: str, text: str) -> TextStat:

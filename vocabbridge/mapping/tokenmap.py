@@ -11,14 +11,14 @@ A map has two directions and a bridge:
 
 >>> import numpy as np
 >>> side = MapSide("a", "f" * 64, 3, None)
->>> tm = TokenMap("bytes", side, side, np.array([0, 1, -1]), np.array([0, 1, -1]), input_bridge={2: (0, 1)})
+>>> tm = TokenMap("bytes", side, side, np.array([0, 1, -1]), np.array([0, 1, -1]), {2: (0, 1)})
 >>> tm.draft_ids_for_target(1), tm.draft_ids_for_target(2), tm.pairs
 ((1,), (0, 1), 2)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,6 @@ from ..errors import MapFileError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..tokenizer.view import TokenizerView
-    from .coverage import Coverage
 
 MODES = ("bytes", "vllm")
 FORMAT = "vocabbridge.map/1"
@@ -71,39 +70,49 @@ class BuildStats:
     space_markers: dict[str, list[str]] = field(default_factory=dict)  # vllm: marker per side
 
 
-@dataclass(frozen=True, eq=False, init=False, repr=False)
+class LazyBridge(Mapping):
+    """The input bridge, computed on first use: building it runs the drafter's BPE over every
+    unpaired target token (a few tenths of a second for 100k tokens), which most uses never need."""
+
+    def __init__(self, build: Callable[[], dict[int, tuple[int, ...]]]):
+        self._build = build
+        self._data: dict[int, tuple[int, ...]] | None = None
+
+    @property
+    def data(self) -> dict[int, tuple[int, ...]]:
+        if self._data is None:
+            self._data = self._build()
+        return self._data
+
+    def __getitem__(self, t: int) -> tuple[int, ...]:
+        return self.data[t]
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class TokenMap:
     mode: str  # "bytes" | "vllm"
     drafter: MapSide
     target: MapSide
     draft_to_target: np.ndarray  # int64 [drafter.id_space]; -1 = no partner
     target_to_draft: np.ndarray  # int64 [target.id_space]; -1 = no partner
+    input_bridge: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # target id → drafter ids spelling its bytes
     draft_unk_id: int | None = None  # what vLLM feeds the drafter for an unpaired target id (unk, else eos)
     target_unk_id: int | None = None
     stats: BuildStats = field(default_factory=BuildStats)
-    coverage: Coverage | None = None  # figures computed by build-map, stored in the map file
-    # The bridge is computed on first use (build_token_map leaves a builder) or read from the file.
-    _bridge: dict[int, tuple[int, ...]] | None = field(default=None, repr=False)
-    _bridge_builder: Callable[[], dict[int, tuple[int, ...]]] | None = field(default=None, repr=False)
 
-    def __init__(self, mode, drafter, target, draft_to_target, target_to_draft, *, input_bridge=None,
-                 draft_unk_id=None, target_unk_id=None, stats=None, coverage=None, bridge_builder=None):  # fmt: skip
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if input_bridge is None and bridge_builder is None:
-            input_bridge = {}
-        set_ = object.__setattr__
-        set_(self, "mode", mode)
-        set_(self, "drafter", drafter)
-        set_(self, "target", target)
-        set_(self, "draft_to_target", np.asarray(draft_to_target, dtype=np.int64))
-        set_(self, "target_to_draft", np.asarray(target_to_draft, dtype=np.int64))
-        set_(self, "draft_unk_id", draft_unk_id)
-        set_(self, "target_unk_id", target_unk_id)
-        set_(self, "stats", stats or BuildStats())
-        set_(self, "coverage", coverage)
-        set_(self, "_bridge", None if input_bridge is None else dict(input_bridge))
-        set_(self, "_bridge_builder", bridge_builder)
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("draft_to_target", "target_to_draft"):
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray) or a.dtype != np.int64 or a.ndim != 1:
+                raise TypeError(f"TokenMap.{name} must be a 1-d int64 numpy array")
 
     def __repr__(self) -> str:
         return (
@@ -112,14 +121,6 @@ class TokenMap:
         )
 
     # ==== the map ====================================================================
-
-    @property
-    def input_bridge(self) -> dict[int, tuple[int, ...]]:
-        """target id → drafter ids spelling its bytes, for every target id without a partner."""
-        if self._bridge is None:
-            object.__setattr__(self, "_bridge", self._bridge_builder())
-            object.__setattr__(self, "_bridge_builder", None)
-        return self._bridge
 
     @property
     def pairs(self) -> int:
@@ -138,13 +139,6 @@ class TokenMap:
             if d >= 0:
                 return (d,)
         return self.input_bridge.get(int(t), ())
-
-    def with_coverage(self, coverage: Coverage) -> TokenMap:
-        return TokenMap(
-            self.mode, self.drafter, self.target, self.draft_to_target, self.target_to_draft,
-            input_bridge=self._bridge, bridge_builder=self._bridge_builder, draft_unk_id=self.draft_unk_id,
-            target_unk_id=self.target_unk_id, stats=self.stats, coverage=coverage,
-        )  # fmt: skip
 
     # ==== checks =====================================================================
 

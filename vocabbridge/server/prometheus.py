@@ -30,11 +30,74 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
-TOKEN_LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                           480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+TTFT_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+TOKEN_LATENCY_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+REQUEST_LATENCY_BUCKETS = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 
 
 def buckets_1_2_5(limit: int) -> list[int]:
@@ -67,28 +130,52 @@ class ServerMetrics:
         self.waiting = metric(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.prompt_tokens = metric(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = metric(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          labelnames=labels + ["finished_reason"], registry=r)  # fmt: skip
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labelnames=labels + ["finished_reason"],
+            registry=r,
+        )
         self.success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
         tok_buckets = buckets_1_2_5(max_model_len)
-        self.req_prompt = metric(Histogram, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", buckets=tok_buckets)
-        self.req_gen = metric(Histogram, "vllm:request_generation_tokens", "Number of generation tokens processed.", buckets=tok_buckets)
-        self.req_max_tokens = metric(Histogram, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-                                     buckets=tok_buckets)  # fmt: skip
-        self.ttft = metric(Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                           buckets=TTFT_BUCKETS)  # fmt: skip
-        self.itl = metric(Histogram, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                          buckets=TOKEN_LATENCY_BUCKETS)  # fmt: skip
+        self.req_prompt = metric(
+            Histogram, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", buckets=tok_buckets
+        )
+        self.req_gen = metric(
+            Histogram, "vllm:request_generation_tokens", "Number of generation tokens processed.", buckets=tok_buckets
+        )
+        self.req_max_tokens = metric(
+            Histogram, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", buckets=tok_buckets
+        )
+        self.ttft = metric(
+            Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS
+        )
+        self.itl = metric(
+            Histogram,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
         # vLLM's older name for the same observations; kept for clients that still read it.
-        self.tpot_legacy = metric(Histogram, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-                                  buckets=TOKEN_LATENCY_BUCKETS)  # fmt: skip
-        self.req_tpot = metric(Histogram, "vllm:request_time_per_output_token_seconds",
-                               "Histogram of time_per_output_token_seconds per request.", buckets=TOKEN_LATENCY_BUCKETS)  # fmt: skip
-        phases = {"e2e": ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
-                  "queue": ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
-                  "inference": ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
-                  "prefill": ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
-                  "decode": ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.")}  # fmt: skip
+        self.tpot_legacy = metric(
+            Histogram,
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
+        self.req_tpot = metric(
+            Histogram,
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
+        phases = {
+            "e2e": ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+            "queue": ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
+            "inference": ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
+            "prefill": ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
+            "decode": ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
+        }
         self.phase = {k: metric(Histogram, n, d, buckets=REQUEST_LATENCY_BUCKETS) for k, (n, d) in phases.items()}
 
         self.speculative = speculative
@@ -96,8 +183,12 @@ class ServerMetrics:
             self.drafts = metric(Counter, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
             self.draft_tokens = metric(Counter, "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
             self.accepted = metric(Counter, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-            self._per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
-                                    labelnames=labels + ["position"], registry=r)  # fmt: skip
+            self._per_pos = Counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                labelnames=labels + ["position"],
+                registry=r,
+            )
             self.accepted_per_pos = [self._per_pos.labels(*values, str(i)) for i in range(num_spec_tokens)]
 
     # ==== updates (engine worker thread) =================================================

@@ -12,7 +12,7 @@ embedded engine has them: ``top_k``, ``stop_token_ids``, ``ignore_eos``, ``skip_
 >>> parse_request(CompletionRequest, b'{"prompt": "hi", "max_tokens": "4"}')
 Traceback (most recent call last):
 ...
-vocabbridge.server.protocol.ApiError: max_tokens: Input should be a valid integer
+vocabbridge.server.openai_api.ApiError: max_tokens: Input should be a valid integer
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 class ApiError(Exception):
     """An error answered as OpenAI's ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):  # fmt: skip
+    def __init__(
+        self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -144,8 +145,9 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, list):
             bad = [p.type for p in self.content if p.type != "text"]
             if bad:
-                raise ApiError(400, f"messages[{i}].content: only text parts are supported, got {bad[0]!r}.",
-                               param=f"messages.{i}.content")  # fmt: skip
+                raise ApiError(
+                    400, f"messages[{i}].content: only text parts are supported, got {bad[0]!r}.", param=f"messages.{i}.content"
+                )
             msg["content"] = "\n".join(p.text or "" for p in self.content)
         return msg
 
@@ -168,7 +170,7 @@ class ChatCompletionRequest(_Sampling):
         if self.tools:
             out.append(("tools", "tool calling is not supported by the embedded server"))
         if self.response_format and self.response_format.get("type", "text") != "text":
-            out.append(("response_format", "only response_format {\"type\": \"text\"} is supported"))
+            out.append(("response_format", 'only response_format {"type": "text"} is supported'))
         return out
 
 
@@ -208,42 +210,88 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def completion_body(rid: str, model: str, text: str, finish: str | None, stop_reason, use: dict, *,
-                    token_ids: list[int] | None = None, prompt_ids: list[int] | None = None) -> dict:  # fmt: skip
+def completion_body(
+    rid: str,
+    model: str,
+    text: str,
+    finish: str | None,
+    stop_reason,
+    use: dict,
+    *,
+    token_ids: list[int] | None = None,
+    prompt_ids: list[int] | None = None,
+) -> dict:
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}
     if token_ids is not None:
         choice |= {"token_ids": token_ids, "prompt_token_ids": prompt_ids}
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": use}  # fmt: skip
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+    }
 
 
-def chat_body(rid: str, model: str, text: str, finish: str | None, stop_reason, use: dict, *,
-              token_ids: list[int] | None = None, prompt_ids: list[int] | None = None) -> dict:  # fmt: skip
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-              "finish_reason": finish, "stop_reason": stop_reason}  # fmt: skip
+def chat_body(
+    rid: str,
+    model: str,
+    text: str,
+    finish: str | None,
+    stop_reason,
+    use: dict,
+    *,
+    token_ids: list[int] | None = None,
+    prompt_ids: list[int] | None = None,
+) -> dict:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": stop_reason,
+    }
     if token_ids is not None:
         choice["token_ids"] = token_ids
-    body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": use}  # fmt: skip
+    body = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+    }
     if prompt_ids is not None:
         body["prompt_token_ids"] = prompt_ids
     return body
 
 
-def completion_chunk(rid: str, model: str, created: int, text: str, finish: str | None = None, stop_reason=None,
-                     token_ids: list[int] | None = None) -> dict:  # fmt: skip
+def completion_chunk(
+    rid: str, model: str, created: int, text: str, finish: str | None = None, stop_reason=None, token_ids: list[int] | None = None
+) -> dict:
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
-def chat_chunk(rid: str, model: str, created: int, delta: dict, finish: str | None = None, stop_reason=None,
-               token_ids: list[int] | None = None) -> dict:  # fmt: skip
+def chat_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    delta: dict,
+    finish: str | None = None,
+    stop_reason=None,
+    token_ids: list[int] | None = None,
+) -> dict:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids

@@ -1,0 +1,164 @@
+"""The one speculative configuration (vocabbridge.spec): every field reaches the command line, serve
+argv and vLLM (or is engine-only) by construction; the drafter registry; the torch-free bench."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from vocabbridge.cli import main
+from vocabbridge.errors import ConfigError
+from vocabbridge.spec import (
+    DRAFTERS,
+    METHOD_NAMES,
+    MODEL_MODES,
+    EngineSpec,
+    engine_only_notes,
+    options,
+    resolve_method,
+    serve_argv,
+    vllm_speculative_config,
+)
+
+# A value other than the default for every field (a new field must be added here, or this fails).
+CHANGED = {
+    "target": "t",
+    "drafter": "d",
+    "mode": "text",
+    "map_path": "m.json",
+    "map_mode": "vllm",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 2,
+    "prompt_lookup_max": 5,
+    "adaptive_k": True,
+    "min_confidence": 0.5,
+    "ngram_first": True,
+    "backoff": False,
+    "dtype": "float32",
+    "drafter_dtype": "int8",
+    "device": "cpu",
+}
+
+
+def _command(name):
+    return main.get_command(None, name)
+
+
+def _parse(command: str, argv: list[str]) -> EngineSpec:
+    """What the CLI command makes of ``argv``: the EngineSpec its callback would get."""
+    cmd = _command(command)
+    ctx = cmd.make_context(command, list(argv))
+    return cmd.callback.spec_from(ctx.params)
+
+
+def test_every_field_has_a_flag_help_and_a_changed_value_here():
+    names = [n for n, _, _ in options()]
+    assert set(names) == set(CHANGED), "add the new field to CHANGED with a non-default value"
+    flags = [o.flag for _, o, _ in options()]
+    assert len(set(flags)) == len(flags)
+    for name, o, default in options():
+        assert o.flag.startswith("--") and len(o.help) > 20, name
+        assert CHANGED[name] != default, name
+
+
+@pytest.mark.parametrize("command", ["serve", "generate", "eval-drafter"])
+def test_serve_argv_round_trips_through_every_engine_command(command):
+    spec = EngineSpec(**CHANGED)
+    extra = ["-p", "x"] if command == "generate" else []
+    assert _parse(command, serve_argv(spec) + extra) == spec
+    one_by_one = [EngineSpec(target="t", drafter="d", **{k: v}) for k, v in CHANGED.items() if k not in ("target", "drafter")]
+    for s in one_by_one:
+        assert _parse(command, serve_argv(s) + extra) == s
+
+
+def test_bench_takes_every_field_but_the_drafter_and_mode_from_the_same_options():
+    spec = EngineSpec(**{k: v for k, v in CHANGED.items() if k not in ("drafter", "mode")})
+    argv = serve_argv(spec)[4:]  # without --target t --drafter none
+    got = _parse("bench", ["--target", "t", *argv, "--url", "http://127.0.0.1:9"])
+    assert got == spec
+
+
+def test_every_field_reaches_vllm_or_is_named_engine_only():
+    vllm_fields = {n for n, o, _ in options() if o.vllm}
+    engine_only = {n for n, o, _ in options() if not o.vllm}
+    assert vllm_fields == {"target", "drafter", "mode", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+    for name in engine_only:
+        notes = engine_only_notes(EngineSpec(target="t", drafter="ngram", **{name: CHANGED[name]}))
+        flag = dict((n, o.flag) for n, o, _ in options())[name]
+        assert notes and flag in notes[0], name
+    base = vllm_speculative_config(EngineSpec(target="t", drafter="ngram"))
+    for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+        changed = vllm_speculative_config(EngineSpec(target="t", drafter="ngram", **{name: CHANGED[name]}))
+        assert changed != base and changed[name] == CHANGED[name]
+
+
+def test_the_registry_names_every_method_and_builds_engine_drafters():
+    from vocabbridge.engine.drafters.base import Drafter
+
+    assert METHOD_NAMES == ("none", "ngram", "mtp") and MODEL_MODES == ("draft", "bridged", "text")
+    for name, m in DRAFTERS.items():
+        assert m.name == name and m.summary
+        if m.engine is None:
+            with pytest.raises(ConfigError, match="--backend vllm"):
+                m.engine_class()
+        else:
+            cls = m.engine_class()
+            assert issubclass(cls, Drafter) and "from_spec" in vars(cls) | vars(Drafter)
+    assert _command("generate").params[1].help.startswith("What drafts: none, ngram, or")  # mtp: not in the engine
+    assert "none, ngram, mtp" in _command("serve").params[1].help  # vLLM runs it
+
+
+@pytest.mark.parametrize(
+    "spec, same, want",
+    [
+        (EngineSpec(target="t", drafter="ngram"), None, "ngram"),
+        (EngineSpec(target="t", drafter="m"), True, "draft"),
+        (EngineSpec(target="t", drafter="m"), False, "text"),
+        (EngineSpec(target="t", drafter="m"), None, "text"),  # unknown vocabulary: text works for any pair
+        (EngineSpec(target="t", drafter="m", mode="bridged"), True, "bridged"),
+    ],
+)
+def test_resolve_method(spec, same, want):
+    assert resolve_method(spec, same_vocabulary=same).name == want
+
+
+def test_bad_specs_say_how_to_fix_them():
+    with pytest.raises(ConfigError, match="another vocabulary.*--mode bridged or --mode text"):
+        resolve_method(EngineSpec(target="t", drafter="m", mode="draft"), same_vocabulary=False)
+    with pytest.raises(ConfigError, match="is a mode, not a drafter; write --drafter MODEL --mode text"):
+        EngineSpec(target="t", drafter="text")
+    with pytest.raises(ConfigError, match="--num-speculative-tokens must be at most 64"):
+        EngineSpec(num_speculative_tokens=65)
+    with pytest.raises(ConfigError, match="--min-confidence must be below 1"):
+        EngineSpec(min_confidence=1.0)
+    with pytest.raises(ConfigError, match="--prompt-lookup-min \\(5\\) must not exceed --prompt-lookup-max \\(4\\)"):
+        EngineSpec(prompt_lookup_min=5)
+    with pytest.raises(ConfigError, match="--mode must be one of auto, draft, bridged, text"):
+        EngineSpec(mode="tli")
+    with pytest.raises(ConfigError, match="needs --target"):
+        EngineSpec(drafter="ngram").target_name
+
+
+def test_one_vllm_config_for_serve_and_build_map():
+    """build-map's hand-off and serve --backend vllm come from one function (they drifted once)."""
+    from vocabbridge.server.vllm_backend import vllm_command
+
+    spec = EngineSpec(drafter="exaone-1.2b", num_speculative_tokens=3)
+    assert vllm_command(spec).speculative_config == vllm_speculative_config(spec, same_vocabulary=False)
+    assert vllm_speculative_config(spec, same_vocabulary=False)["draft_sample_method"] == "greedy"
+
+
+def test_the_bench_and_the_spec_import_without_torch():
+    code = "import sys, vocabbridge.bench, vocabbridge.spec, vocabbridge.cli; assert 'torch' not in sys.modules, 'torch'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_spec_is_a_plain_frozen_value():
+    spec = EngineSpec(target="t", drafter="ngram")
+    assert spec.replace(num_speculative_tokens=2).num_speculative_tokens == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.drafter = "none"

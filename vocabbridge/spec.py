@@ -1,0 +1,413 @@
+"""The speculative-decoding configuration and the drafter registry, in one place (no torch, no click).
+
+``EngineSpec`` is one frozen dataclass. Each field carries its command-line flag, help text,
+default, value type and what vLLM does with it (:class:`Option`). Everything else that spells a
+configuration is derived from these fields, so adding an option is one edit here:
+
+- the click options of ``generate``, ``eval-drafter``, ``serve`` and ``bench`` (``cli/options.py``);
+- :func:`serve_argv`, the ``vocabbridge serve`` command a bench launches for a configuration;
+- :func:`vllm_speculative_config` (vLLM's ``--speculative-config``) and :func:`engine_only_notes`.
+
+Drafters are registered by name in ``DRAFTERS`` (like tiktoken's encoding constructors): whether
+each runs a drafter model, how the embedded engine builds it (``"module:Class"``, imported when
+used, so this module never imports torch) and what vLLM runs for it.
+
+>>> spec = EngineSpec(target="qwen2.5-coder-1.5b", drafter="ngram", num_speculative_tokens=3)
+>>> vllm_speculative_config(spec)
+{'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_min': 1, 'prompt_lookup_max': 4}
+>>> serve_argv(spec)
+['--target', 'qwen2.5-coder-1.5b', '--drafter', 'ngram', '-k', '3']
+>>> resolve_method(EngineSpec(target="t", drafter="m"), same_vocabulary=False).name
+'text'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, VocabBridgeError
+from .presets import PRESETS, default_target_for, vocab_family
+from .tokenizer import load_tokenizer, same_vocabulary
+
+# ==== options: one field, its flag, help and vLLM meaning ======================================
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a field of :class:`EngineSpec` appears on the command line and in vLLM."""
+
+    flag: str  # the long flag, e.g. "--num-speculative-tokens"
+    help: str
+    kind: str = "str"  # str | int | float | bool | choice | path
+    short: str | None = None  # e.g. "-k"
+    off_flag: str | None = None  # bools: the flag that sets False (--fixed-k)
+    choices: tuple[str, ...] = ()
+    lo: float | None = None  # ranges (inclusive; ``hi_open`` makes the upper bound exclusive)
+    hi: float | None = None
+    hi_open: bool = False
+    metavar: str | None = None
+    vllm: str | None = None  # what vLLM does with it; None = the embedded engine only
+
+
+def _opt(default: Any, flag: str, help: str, **kw) -> Any:
+    return field(default=default, metadata={"option": Option(flag, help, **kw)})
+
+
+MAP_MODES = ("bytes", "vllm")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One speculative-decoding configuration: target, drafter and the engine's options."""
+
+    target: str | None = _opt(
+        None,
+        "--target",
+        "Target: a preset (vocabbridge presets), a model folder, a .gguf file "
+        "or a hub id. Defaults to the drafter preset's target.",
+        metavar="MODEL",
+        vllm="the model vLLM serves",
+    )
+    drafter: str = _opt(
+        "none",
+        "--drafter",
+        "What drafts: none, ngram, mtp, or a drafter model (a preset, a folder, a .gguf file or a hub id).",
+        metavar="DRAFTER",
+        vllm="the speculative method (and draft model)",
+    )
+    mode: str = _opt(
+        "auto",
+        "--mode",
+        "How a model drafter meets the target: draft (same vocabulary), bridged "
+        "(token map), text (re-tokenized drafted text). auto: draft when the vocabularies match, else text.",
+        kind="choice",
+        choices=("auto", "draft", "bridged", "text"),
+        vllm="the speculative method",
+    )
+    map_path: str | None = _opt(
+        None, "--map", "Token map for --mode bridged (built and cached when absent).", kind="path", metavar="FILE"
+    )
+    map_mode: str = _opt(
+        "bytes",
+        "--map-mode",
+        "How a missing token map is built: bytes (pairs by raw bytes and roles) or vllm (vLLM's string match).",
+        kind="choice",
+        choices=MAP_MODES,
+    )
+    num_speculative_tokens: int = _opt(
+        4,
+        "--num-speculative-tokens",
+        "Draft tokens per step (k).",
+        kind="int",
+        short="-k",
+        lo=1,
+        hi=64,
+        vllm="num_speculative_tokens",
+    )
+    prompt_lookup_min: int = _opt(
+        1,
+        "--prompt-lookup-min",
+        "n-gram drafting: the shortest context suffix matched (as vLLM's prompt_lookup_min).",
+        kind="int",
+        lo=1,
+        vllm="prompt_lookup_min (ngram)",
+    )
+    prompt_lookup_max: int = _opt(
+        4,
+        "--prompt-lookup-max",
+        "n-gram drafting: the longest context suffix matched (as vLLM's prompt_lookup_max).",
+        kind="int",
+        lo=1,
+        vllm="prompt_lookup_max (ngram)",
+    )
+    adaptive_k: bool = _opt(
+        False, "--adaptive-k", "Grow k after a fully accepted draft, shrink it after a miss.", kind="bool", off_flag="--fixed-k"
+    )
+    min_confidence: float = _opt(
+        0.0,
+        "--min-confidence",
+        "Model drafters: stop drafting when the product of the "
+        "drafter's top probabilities (its own estimate that the draft survives) falls below "
+        "this; 0 = always draft k.",
+        kind="float",
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+    )
+    ngram_first: bool = _opt(
+        False,
+        "--ngram-first",
+        "Model drafters: propose a prompt-lookup match when there is one, the model otherwise.",
+        kind="bool",
+        off_flag="--no-ngram-first",
+    )
+    backoff: bool = _opt(
+        True,
+        "--backoff",
+        "Skip drafting for 1, 2, 4 … 16 steps after 3 costly misses in a row.",
+        kind="bool",
+        off_flag="--no-backoff",
+    )
+    dtype: str = _opt(
+        "auto", "--dtype", "Target dtype: auto (fp32 on CPU for exact greedy output, bf16 on CUDA), float32, bfloat16, float16."
+    )
+    drafter_dtype: str = _opt(
+        "auto", "--drafter-dtype", "Drafter dtype: auto (int8 weights on CPU, else the target's), int8, float32, bfloat16."
+    )
+    device: str = _opt("auto", "--device", "Where the models run: auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …")
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            _check(f, getattr(self, f.name))
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(
+                f"--prompt-lookup-min ({self.prompt_lookup_min}) must not exceed --prompt-lookup-max ({self.prompt_lookup_max})."
+            )
+        if self.drafter in DRAFTERS and DRAFTERS[self.drafter].uses_model:
+            raise ConfigError(f"--drafter {self.drafter} is a mode, not a drafter; write --drafter MODEL --mode {self.drafter}.")
+
+    @property
+    def target_name(self) -> str:
+        """The target as given, else the drafter preset's own target."""
+        if self.target:
+            return self.target
+        if not self.uses_model:
+            raise ConfigError(f"--drafter {self.drafter} needs --target.")
+        return default_target_for(self.drafter)
+
+    @property
+    def uses_model(self) -> bool:
+        """True when ``drafter`` names a model rather than a method (none, ngram, mtp)."""
+        return self.drafter not in DRAFTERS
+
+    def replace(self, **changes) -> EngineSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def options() -> list[tuple[str, Option, Any]]:
+    """(field name, option, default) for every field of :class:`EngineSpec`, in order."""
+    return [(f.name, f.metadata["option"], f.default) for f in dataclasses.fields(EngineSpec)]
+
+
+def _check(f: dataclasses.Field, value: Any) -> None:
+    o: Option = f.metadata["option"]
+    name = o.flag
+    if o.kind == "choice" and value not in o.choices:
+        raise ConfigError(f"{name} must be one of {', '.join(o.choices)}, got {value!r}.")
+    if o.kind in ("int", "float"):
+        if o.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{name} must be an integer, got {value!r}.")
+        if o.lo is not None and value < o.lo:
+            raise ConfigError(f"{name} must be at least {o.lo:g}, got {value}.")
+        if o.hi is not None and (value >= o.hi if o.hi_open else value > o.hi):
+            raise ConfigError(f"{name} must be {'below' if o.hi_open else 'at most'} {o.hi:g}, got {value}.")
+
+
+def serve_argv(spec: EngineSpec) -> list[str]:
+    """The spec as ``vocabbridge serve`` options: target and drafter, then every field that differs
+    from its default, spelt as the CLI spells it (derived from the fields, so none is forgotten)."""
+    argv = ["--target", spec.target_name, "--drafter", spec.drafter]
+    for name, o, default in options():
+        value = getattr(spec, name)
+        if name in ("target", "drafter") or value == default:
+            continue
+        if o.kind == "bool":
+            argv.append(o.flag if value else o.off_flag)
+        else:
+            argv += [o.short or o.flag, str(value)]
+    return argv
+
+
+def engine_only_notes(spec: EngineSpec) -> list[str]:
+    """What vLLM ignores in ``spec``: the fields set away from their default that have no vLLM meaning."""
+    flags = [o.flag for name, o, default in options() if o.vllm is None and getattr(spec, name) != default]
+    return [f"{'/'.join(flags)} apply to the embedded engine only"] if flags else []
+
+
+# ==== the drafter registry ======================================================================
+
+
+@dataclass(frozen=True)
+class DrafterMethod:
+    """One way of drafting. Methods (``uses_model=False``) are named by ``--drafter``; model
+    drafters by ``--drafter MODEL --mode NAME``."""
+
+    name: str
+    summary: str
+    uses_model: bool
+    engine: str | None  # "module:Class" with a ``from_spec(spec, target, drafter_lm)`` classmethod; None: not embedded
+    vllm: Callable[[EngineSpec, Callable[[str], str], list[str]], dict | None]  # → --speculative-config
+    engine_missing: str = ""  # why the embedded engine cannot run it (the error shown)
+
+    def engine_class(self):
+        """The embedded engine's drafter class (imports the engine: torch)."""
+        if self.engine is None:
+            raise ConfigError(self.engine_missing)
+        module, _, attr = self.engine.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+def _vllm_none(spec, model_for, notes):
+    return None
+
+
+def _vllm_ngram(spec, model_for, notes):
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "prompt_lookup_min": spec.prompt_lookup_min,
+        "prompt_lookup_max": spec.prompt_lookup_max,
+    }
+
+
+def _vllm_mtp(spec, model_for, notes):
+    p = PRESETS.get(spec.target_name)
+    if p is not None and not p.has_mtp:
+        raise ConfigError(f"{spec.target_name} has no MTP head; use --drafter ngram or a draft model with it.")
+    return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens}
+
+
+def _vllm_draft(spec, model_for, notes):
+    return {"method": "draft_model", "model": model_for(spec.drafter), "num_speculative_tokens": spec.num_speculative_tokens}
+
+
+def _vllm_heterogeneous(spec, model_for, notes):
+    """vLLM's token-level intersection (TLI), which supports greedy draft sampling only."""
+    if spec.mode in ("bridged", "text") or spec.map_path:
+        notes.append("--mode/--map apply to the embedded engine; vLLM builds its own string-intersection map")
+    return _vllm_draft(spec, model_for, notes) | {"use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}
+
+
+MTP_UNSUPPORTED = (
+    "the embedded engine has no MTP drafter: no checkpoint with an MTP head is available to build and test one "
+    "here. Use --backend vllm on a GPU machine (vLLM runs EXAONE 4.5's MTP layer with method 'mtp'), or pick "
+    "--drafter ngram / a small model."
+)
+
+DRAFTERS: dict[str, DrafterMethod] = {
+    m.name: m
+    for m in [
+        DrafterMethod(
+            "none",
+            "plain decoding: one target forward per token",
+            False,
+            "vocabbridge.engine.drafters.base:NoDrafter",
+            _vllm_none,
+        ),
+        DrafterMethod(
+            "ngram",
+            "prompt lookup over prompt + output (--prompt-lookup-min/max)",
+            False,
+            "vocabbridge.engine.drafters.ngram:NgramDrafter",
+            _vllm_ngram,
+        ),
+        DrafterMethod(
+            "mtp", "the target's own multi-token-prediction head", False, None, _vllm_mtp, engine_missing=MTP_UNSUPPORTED
+        ),
+        DrafterMethod(
+            "draft",
+            "a small model with the target's vocabulary",
+            True,
+            "vocabbridge.engine.drafters.model_based:DraftModelDrafter",
+            _vllm_draft,
+        ),
+        DrafterMethod(
+            "bridged",
+            "a model with another vocabulary, through a token map and its input bridge",
+            True,
+            "vocabbridge.engine.drafters.model_based:BridgedDrafter",
+            _vllm_heterogeneous,
+        ),
+        DrafterMethod(
+            "text",
+            "a model with another vocabulary drafting text, re-tokenized by the target",
+            True,
+            "vocabbridge.engine.drafters.text:TextDrafter",
+            _vllm_heterogeneous,
+        ),
+    ]
+}
+
+METHOD_NAMES = tuple(n for n, m in DRAFTERS.items() if not m.uses_model)  # what --drafter takes besides a model
+MODEL_MODES = tuple(n for n, m in DRAFTERS.items() if m.uses_model)
+
+
+def resolve_method(spec: EngineSpec, *, same_vocabulary: bool | None) -> DrafterMethod:
+    """The registered method ``spec`` runs: its drafter method, or for a model its mode
+    (``auto``: draft when the vocabularies are the same, else text).
+
+    ``same_vocabulary`` is needed for model drafters with ``mode`` auto or draft; None = unknown
+    (then auto picks text, which works for any pair).
+    """
+    if not spec.uses_model:
+        return DRAFTERS[spec.drafter]
+    mode = spec.mode
+    if mode == "auto":
+        mode = "draft" if same_vocabulary else "text"
+    if mode == "draft" and same_vocabulary is False:
+        raise ConfigError(f"{spec.drafter} has another vocabulary than {spec.target_name}; use --mode bridged or --mode text.")
+    return DRAFTERS[mode]
+
+
+# ==== vLLM ========================================================================================
+
+
+def served_name(target: str) -> str:
+    """The model name clients send: the target as the user gave it (a preset, a hub id), or a path's last part."""
+    return Path(target).name if Path(target).expanduser().exists() else target
+
+
+def vllm_model(name: str) -> str:
+    """A preset → its hub id (what vLLM loads); anything else unchanged."""
+    p = PRESETS.get(name)
+    return p.hub_id if p else name
+
+
+def vllm_speculative_config(
+    spec: EngineSpec,
+    *,
+    same_vocabulary: bool | None = None,
+    model_for: Callable[[str], str] = vllm_model,
+    notes: list[str] | None = None,
+) -> dict | None:
+    """vLLM's ``--speculative-config`` for ``spec`` (None without a drafter): one source for
+    ``serve --backend vllm``, ``build-map``'s hand-off and the bench.
+
+    A model drafter whose vocabulary differs (or is unknown) gets vLLM's heterogeneous-vocabulary
+    path with greedy draft sampling, which vLLM requires for it. ``notes`` collects how it was decided.
+
+    >>> vllm_speculative_config(EngineSpec(drafter="exaone-1.2b", num_speculative_tokens=3), same_vocabulary=False)
+    {'method': 'draft_model', 'model': 'LGAI-EXAONE/EXAONE-4.0-1.2B', 'num_speculative_tokens': 3, \
+'use_heterogeneous_vocab': True, 'draft_sample_method': 'greedy'}
+    """
+    notes = notes if notes is not None else []
+    method = resolve_method(spec, same_vocabulary=same_vocabulary)
+    if method.name == "draft" and same_vocabulary is None:  # unknown: the heterogeneous path is safe either way
+        method = DRAFTERS["text"]
+    return method.vllm(spec, model_for, notes)
+
+
+def vocabularies_match(drafter: str, target: str, *, resolve: Callable[[str], str]) -> tuple[bool | None, str]:
+    """Whether two models (by name) share a vocabulary, and how that was decided: local
+    tokenizers compared token by token; else the presets' vocabulary families; else the
+    tokenizers loaded from wherever they live (None when that fails)."""
+
+    def compare(d: str, t: str) -> tuple[bool | None, str]:
+        try:
+            dv, tv = load_tokenizer(d), load_tokenizer(t)
+        except VocabBridgeError as e:
+            return None, f"could not load the tokenizers to compare them ({e})"
+        return same_vocabulary(dv, tv), "tokenizers compared token by token"
+
+    local = [resolve(n) for n in (drafter, target)]
+    if all(Path(p).expanduser().exists() for p in local):
+        return compare(*local)
+    fd, ft = vocab_family(drafter), vocab_family(target)
+    if fd and ft:
+        return fd == ft, f"presets: {fd} vs {ft} vocabulary"
+    return compare(vllm_model(drafter), vllm_model(target))
