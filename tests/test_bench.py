@@ -338,6 +338,7 @@ def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
         "device": "cpu",
         "map_mode": "vllm",
         "backoff": False,
+        "prefill_chunk": 64,
     }
     fields = {f.name for f in dataclasses.fields(EngineSpec)} - set(NOT_SERVE_OPTIONS)
     assert fields <= set(changed), f"a new EngineSpec field to pass to serve: {fields - set(changed)}"

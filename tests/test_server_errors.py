@@ -46,6 +46,7 @@ LONG = "안녕하세요 " * 400  # far more tokens than the tiny model's 512-tok
         ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "invalid_type"),
         ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages.0.role", "missing_required_parameter"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "messages.0.content", "invalid_type"),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role", "invalid_type"),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},

@@ -37,6 +37,7 @@ CHANGED = {
     "min_confidence": 0.5,
     "ngram_first": True,
     "backoff": False,
+    "prefill_chunk": 64,
     "dtype": "float32",
     "drafter_dtype": "int8",
     "device": "cpu",
@@ -139,7 +140,7 @@ def test_bad_specs_say_how_to_fix_them():
     with pytest.raises(ConfigError, match="--mode must be one of auto, draft, bridged, text"):
         EngineSpec(mode="tli")
     with pytest.raises(ConfigError, match="needs --target"):
-        EngineSpec(drafter="ngram").target_name
+        _ = EngineSpec(drafter="ngram").target_name
 
 
 def test_one_vllm_config_for_serve_and_build_map():

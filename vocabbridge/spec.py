@@ -153,6 +153,13 @@ class EngineSpec:
         kind="bool",
         off_flag="--no-backoff",
     )
+    prefill_chunk: int = _opt(
+        256,
+        "--prefill-chunk",
+        "Prompt tokens per prefill forward: a long prompt is prefilled in chunks, between the other requests' steps.",
+        kind="int",
+        lo=1,
+    )
     dtype: str = _opt(
         "auto", "--dtype", "Target dtype: auto (fp32 on CPU for exact greedy output, bf16 on CUDA), float32, bfloat16, float16."
     )

@@ -10,7 +10,7 @@ from ..diff.render import diff_json, sections
 from ..report import print_sections, to_markdown
 from ..tokenizer import load_tokenizer
 from ..util import read_text_file
-from .common import TOKENIZER, emit, format_options, pattern_option, status
+from .common import OUTPUT_FILE, TOKENIZER, emit, format_options, pattern_option, status
 
 
 @click.command("diff")
@@ -26,7 +26,7 @@ from .common import TOKENIZER, emit, format_options, pattern_option, status
 @click.option("--examples", default=8, show_default=True, type=click.IntRange(0), help="Examples per list.")
 @pattern_option
 @format_options
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
+@click.option("-o", "--output", type=OUTPUT_FILE, help="Write the report here.")
 def diff_cmd(a, b, texts, examples, pattern, fmt, output):
     """Show exactly how tokenizer A differs from tokenizer B.
 

@@ -13,7 +13,7 @@ from ..mapping.map_report import analyze_map, analyze_pair
 from ..report import print_sections, to_markdown
 from ..tokenizer import load_tokenizer
 from ..util import read_text_file
-from .common import TOKENIZER, format_options, pattern_option, status
+from .common import OUTPUT_FILE, TOKENIZER, format_options, pattern_option, status
 
 TEXT_OPTION = click.option(
     "--text",
@@ -41,7 +41,7 @@ def _render(sections, fmt: str, title: str) -> None:
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OUTPUT_FILE,
     help="Write the map file here (e.g. maps/NAME.json). Without it, only the coverage is shown.",
 )
 @click.option(

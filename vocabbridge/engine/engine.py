@@ -30,7 +30,7 @@ from .sampling import SamplingParams, logits_to_probs, sample
 from .stats import SpecStats
 from .verify import verify
 
-PREFILL_CHUNK = 256  # prompt tokens per forward: bounds how long one step keeps the engine busy
+PREFILL_CHUNK = 256  # prompt tokens per forward (EngineSpec.prefill_chunk): bounds how long one step keeps the engine busy
 
 
 @dataclass

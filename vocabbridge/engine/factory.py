@@ -117,7 +117,12 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
     drafter_lm = get(spec.drafter, drafter_dtype(spec)) if spec.uses_model else None
     drafter, mode, notes = make_drafter(spec, target, drafter_lm)
     engine = SpecEngine(
-        target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive_k=spec.adaptive_k, backoff=spec.backoff
+        target,
+        drafter,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        adaptive_k=spec.adaptive_k,
+        backoff=spec.backoff,
+        prefill_chunk=spec.prefill_chunk,
     )
     if spec.drafter in PRESETS and PRESETS[spec.drafter].pairs_with and not spec.target:
         notes.append(f"target {spec.target_name} chosen by the drafter preset")

@@ -13,10 +13,14 @@ and re-synchronisation with a new context is "crop to the common prefix, feed th
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import importlib
 import inspect
 import os
 import shutil
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -24,10 +28,13 @@ from pathlib import Path
 
 import torch
 import transformers
-from torch.utils.mkldnn import MkldnnLinear
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from ..errors import ModelLoadError, RequestError
+
+with warnings.catch_warnings():  # torch.utils.mkldnn's ScriptModules warn that script_method is deprecated
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torch.utils.mkldnn import MkldnnLinear
 from ..tokenizer import TokenizerView, load_tokenizer
 from ..util import common_prefix_len
 
@@ -170,6 +177,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated", category=UserWarning)
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
@@ -204,6 +212,30 @@ class CausalLM:
         return Path(self.source).name or self.source
 
 
+@contextlib.contextmanager
+def _quiet_progress():
+    """transformers' progress bars (GGUF de-quantization, checkpoint shards) only on a terminal:
+    in logs and captured stderr their carriage returns are thousands of lines of noise."""
+    if sys.stderr.isatty():
+        yield
+        return
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    gguf_utils = sys.modules.get("transformers.modeling_gguf_pytorch_utils") or importlib.import_module(
+        "transformers.modeling_gguf_pytorch_utils"
+    )
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)  # the GGUF de-quantization bar is a plain tqdm
+    if gguf_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = gguf_tqdm
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+
+
 def load_causal_lm(
     source: str,
     *,
@@ -227,7 +259,8 @@ def load_causal_lm(
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
     try:
-        model = _load_weights(source, dt, device, cache_converted=cache_converted)
+        with _quiet_progress():
+            model = _load_weights(source, dt, device, cache_converted=cache_converted)
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelLoadError(f"{source}: transformers could not load the model: {e}") from e
     model.to(device)

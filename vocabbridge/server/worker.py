@@ -2,10 +2,15 @@
 
 Every request is a ``SpecEngine.stream()`` generator. Each turn the worker admits waiting
 requests (FIFO) up to ``max_num_seqs`` active ones, then advances every active request by exactly
-one engine step (prefill, or draft + one verifying target forward), turns the tokens into text and
-hands them to the request's ``asyncio.Queue`` on the HTTP event loop. No two forwards ever run at
-once, every KV cache belongs to one request, and a cancelled request (its client went away) has its
-generator closed on the next turn, which frees its cache and its slot.
+one engine step (one prefill chunk of at most ``PREFILL_CHUNK`` prompt tokens, or draft + one
+verifying target forward), turns the tokens into text and hands them to the request's
+``asyncio.Queue`` on the HTTP event loop. No two forwards ever run at once, every KV cache belongs
+to one request, and a cancelled request (its client went away) has its generator closed on the
+next turn, which frees its cache and its slot.
+
+A long prompt therefore cannot stall the others: it is prefilled chunk by chunk between their
+decode steps, so a short request that arrives meanwhile gets its first token after at most one
+chunk per active request; and stopping the worker waits for one step at most.
 
 Cost: steps of different requests run one after another, not batched, so N concurrent requests
 share the throughput of one; each waits for the others' steps (latency grows about N-fold) while
@@ -115,7 +120,9 @@ class EngineWorker:
                     self.metrics.waiting.set(len(self._waiting))
             self._cv.notify()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the current engine step (a decode step or one prefill chunk), end every open
+        request with a 503 error, and join the engine thread (no forward is left running)."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
@@ -147,6 +154,8 @@ class EngineWorker:
                 self.metrics.waiting.set(len(self._waiting))
                 self.metrics.running.set(len(self._active))
             for req in batch:
+                if self._stopping:  # stop between steps, not after a whole round
+                    break
                 self._turn(req)
             with self._cv:
                 self._active = [r for r in self._active if not r.done]
@@ -172,6 +181,8 @@ class EngineWorker:
         except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
             log.exception("request %s failed", req.id)
             self._finish(req, "error", error=(500, f"internal error in the engine: {type(e).__name__}: {e}"))
+            return
+        if not step.tokens and not step.finished:  # a prefill chunk: nothing to hand out yet
             return
         now = time.perf_counter()
         before = len(req.text.tokens)

@@ -1,0 +1,104 @@
+"""End to end on a real checkpoint (SmolLM2-135M-Instruct, the GGUF file itself): what a user runs
+after `pip install`, so a missing dependency or a broken loader fails here and not on their machine.
+
+The file comes from ``../shared/tools/fetch-models.sh DEST smollm2-135m`` (CI fetches it); set
+``VOCABBRIDGE_MODELS`` to DEST. Without it the tests skip, saying so, unless
+``VOCABBRIDGE_REQUIRE_REAL=1`` (as in CI), where a missing file is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from vocabbridge.chat import chat_prompt_ids
+from vocabbridge.cli import main
+from vocabbridge.engine import SamplingParams, SpecEngine
+from vocabbridge.engine.factory import build_engine
+from vocabbridge.server import serve_in_thread
+from vocabbridge.spec import EngineSpec
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = Path(os.environ.get("VOCABBRIDGE_MODELS", REPO.parent / "models"))
+SMOL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPTS = ["Write a Python function that reverses a string.", "한국의 수도는 어디인가요? 짧게 답해 주세요."]
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    if not SMOL.is_file():
+        why = f"needs {SMOL} (../shared/tools/fetch-models.sh DEST smollm2-135m, then VOCABBRIDGE_MODELS=DEST)"
+        if os.environ.get("VOCABBRIDGE_REQUIRE_REAL"):
+            pytest.fail(why)
+        pytest.skip(why)
+    cache = tmp_path_factory.mktemp("vb-cache")
+    old = os.environ.get("VOCABBRIDGE_CACHE")
+    os.environ["VOCABBRIDGE_CACHE"] = str(cache)  # the fp32 copy of the GGUF weights goes here, not in ~/.cache
+    yield {}
+    if old is None:
+        os.environ.pop("VOCABBRIDGE_CACHE", None)
+    else:
+        os.environ["VOCABBRIDGE_CACHE"] = old
+
+
+def _built(loaded, drafter, **kw):
+    return build_engine(EngineSpec(target=str(SMOL), drafter=drafter, num_speculative_tokens=4, **kw), loaded=loaded)
+
+
+@pytest.mark.parametrize("drafter, mode", [("ngram", "auto"), ("self", "draft"), ("self", "text"), ("self", "bridged")])
+def test_every_drafter_is_lossless_on_the_real_model(smol, drafter, mode):
+    built = _built(smol, str(SMOL) if drafter == "self" else drafter, mode=mode)
+    assert built.mode == (mode if drafter == "self" else "ngram")
+    plain = SpecEngine(built.target)
+    params = SamplingParams(max_new_tokens=40)
+    accepted = 0
+    for p in PROMPTS:
+        ids = chat_prompt_ids(built.target.view, [{"role": "user", "content": p}])
+        got = built.engine.generate(ids, params)
+        want = plain.generate(ids, params)
+        assert got.tokens == want.tokens, (drafter, mode, p)
+        accepted += got.stats.accepted
+    if drafter == "self":  # the int8 copy of the target drafting for it agrees most of the time
+        assert accepted > 20
+
+
+def test_served_chat_equals_the_engine_alone(smol):
+    built = _built(smol, "ngram")
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    want = built.engine.generate(chat_prompt_ids(built.target.view, messages), SamplingParams(max_new_tokens=24))
+    with serve_in_thread(built) as srv, httpx.Client(base_url=srv.url, timeout=120) as c:
+        r = c.post(
+            "/v1/chat/completions", json={"messages": messages, "max_tokens": 24, "temperature": 0, "return_token_ids": True}
+        )
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["token_ids"] == want.tokens and choice["message"]["content"] == want.text
+        metrics = c.get("/metrics").text
+        assert "vllm:spec_decode_num_drafts_total" in metrics and "vllm:generation_tokens_total" in metrics
+
+
+def test_generate_command_on_the_real_model(smol):
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "--target",
+            str(SMOL),
+            "--drafter",
+            "ngram",
+            "-p",
+            PROMPTS[0],
+            "--max-tokens",
+            "16",
+            "--compare-plain",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["plain"]["identical"] is True and out["stats"]["generated"] == 16
