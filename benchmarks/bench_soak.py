@@ -77,8 +77,13 @@ def long_text(view, tokens: int) -> str:
 
 def stream_chat(c: httpx.Client, content: str, max_tokens: int, *, disconnect_after: int | None = None) -> dict:
     """One streamed chat; ``disconnect_after``: close the connection after that many chunks."""
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     out = {"ttft": None, "chunks": 0, "finish": None, "tokens": None, "error": None}
     try:
@@ -182,8 +187,13 @@ def check_counters(url: str) -> dict:
             reason = line.split('finished_reason="')[1].split('"')[0]
             success[reason] = float(line.rsplit(" ", 1)[1])
     v = c.values
-    return {"drafts": v.get("drafts") or 0, "draft_tokens": v.get("draft_tokens") or 0, "accepted": v.get("accepted") or 0,
-            "per_pos_sum": per_pos, "success": success}  # fmt: skip
+    return {
+        "drafts": v.get("drafts") or 0,
+        "draft_tokens": v.get("draft_tokens") or 0,
+        "accepted": v.get("accepted") or 0,
+        "per_pos_sum": per_pos,
+        "success": success,
+    }
 
 
 def main() -> None:
@@ -225,9 +235,12 @@ def main() -> None:
             "worst_busy_ttft_s": worst,
             "met": worst <= bound,
         }
-        log(f"fairness: worst short TTFT during a {args.long_tokens:,}-token prefill {worst:.2f} s; bound 2 × idle "
+        log(
+            f"fairness: worst short TTFT during a {args.long_tokens:,}-token prefill {worst:.2f} s; bound 2 × idle "
             f"{ch['idle_ttft']:.2f} + one chunk {chunk_s:.2f} = {bound:.2f} s: {'met' if worst <= bound else 'NOT met'}; "
-            f"unchunked peer: {', '.join(f'{t:.1f}' for t in report['fairness_unchunked']['busy_ttft'])} s", out)  # fmt: skip
+            f"unchunked peer: {', '.join(f'{t:.1f}' for t in report['fairness_unchunked']['busy_ttft'])} s",
+            out,
+        )
     if not args.skip_soak:
         log(f"soak: {args.clients} clients for {args.minutes:g} minutes", out)
         with serve_in_thread(built, max_num_seqs=8) as srv:
@@ -253,9 +266,12 @@ def main() -> None:
             "rss_mib": {"first": mem[0], "after_warmup_min": min(warm), "after_warmup_max": max(warm), "last": mem[-1]},
             "seconds": s["seconds"],
         }
-        log(f"soak: {len(res)} requests ({', '.join(f'{k} {len(v)}' for k, v in by.items())}); failed or lost among the "
+        log(
+            f"soak: {len(res)} requests ({', '.join(f'{k} {len(v)}' for k, v in by.items())}); failed or lost among the "
             f"not-disconnected: {len(failed)}; counters consistent: {consistent} ({counters}); RSS MiB first "
-            f"{mem[0]:,.0f}, after warm-up {min(warm):,.0f}–{max(warm):,.0f}, last {mem[-1]:,.0f}", out)  # fmt: skip
+            f"{mem[0]:,.0f}, after warm-up {min(warm):,.0f}–{max(warm):,.0f}, last {mem[-1]:,.0f}",
+            out,
+        )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if out:

@@ -52,11 +52,13 @@ def _lines(*objs) -> str:
         ("{not json", r"p\.jsonl:2: not valid JSON"),
         ([1, 2], r"p\.jsonl:2: expected a JSON object, got list"),
         ({**GOOD, "id": ""}, r"p\.jsonl:2: 'id' must be a non-empty string"),
-        ({k: v for k, v in GOOD.items() if k != "category"}, r"p\.jsonl:2: 'category' must be a non-empty string"),
+        ({**GOOD, "category": ""}, r"p\.jsonl:2: 'category' must be a non-empty string"),
         (
             {**GOOD, "max_token": 5},
-            r"p\.jsonl:2: unknown field\(s\) max_token; allowed: category, id, language, max_tokens, messages",
+            r"p\.jsonl:2: unknown field\(s\) max_token; allowed: category, id, language, max_tokens, messages, prompt",
         ),
+        ({**GOOD, "prompt": "hi"}, r"p\.jsonl:2: give either 'messages' .* or 'prompt'"),
+        ({"id": "b", "prompt": 3}, r"p\.jsonl:2: 'prompt' must be a non-empty string"),
         ({**GOOD, "messages": []}, r"p\.jsonl:2: 'messages' must be a non-empty list"),
         ({**GOOD, "messages": [{"role": "robot", "content": "x"}]}, r"p\.jsonl:2: messages\[0\]\.role is 'robot'"),
         ({**GOOD, "messages": [{"role": "user", "content": 3}]}, r"p\.jsonl:2: messages\[0\] must be an object"),
@@ -91,3 +93,8 @@ def test_cli_shows_a_bad_prompt_file_as_one_line(tmp_path):
     r = CliRunner().invoke(main, ["bench", "--url", "http://127.0.0.1:9", "--prompts", str(f)])
     assert r.exit_code == 1
     assert r.output.strip() == f'Error: {f}:2: \'messages\' must be a non-empty list of {{"role", "content"}} objects.'
+
+
+def test_plain_prompt_lines_are_one_user_message():
+    (p,) = parse_prompts(json.dumps({"id": "q1", "prompt": "Summarize Hamlet."}))
+    assert p.messages == ({"role": "user", "content": "Summarize Hamlet."},) and p.category == "custom"

@@ -165,3 +165,19 @@ def test_ngram_first_drafter_is_lossless_and_uses_both(tiny):
     r = SpecEngine(t, drafter, num_speculative_tokens=4).generate(prompt, params)
     assert r.tokens == want
     assert r.stats.drafter_forwards > 0 and r.stats.accepted > 0
+
+
+def test_tli_drafter_is_vllms_heterogeneous_path_and_stays_lossless(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("VOCABBRIDGE_CACHE", str(tmp_path))
+    t, spm = tiny["target"], tiny["spm"]
+    spec = EngineSpec(target=t.source, drafter=spm.source, mode="tli", drafter_dtype="float32")
+    built = build_engine(spec, loaded={t.source: t, f"{spm.source}@float32": spm})
+    d = built.engine.drafter
+    assert built.mode == "tli" and d.unpaired == "unk" and d.token_map.mode == "vllm"  # vLLM's own map and fallback
+    ids = t.view.encode(PROMPT)
+    fed = d.session(ids).drafter_context(ids)
+    assert len(fed) == len(ids)  # one drafter token per target token, as vLLM feeds its drafter
+    unpaired = [i for i, tid in enumerate(ids) if d.token_map.target_to_draft[tid] < 0]
+    assert unpaired and all(fed[i] == d.token_map.draft_unk_id for i in unpaired)
+    params = SamplingParams(max_new_tokens=24)
+    assert built.engine.generate(ids, params).tokens == SpecEngine(t).generate(ids, params).tokens

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from vocabbridge.cli import main
-from vocabbridge.server.vllm_backend import vllm_command, vllm_installed
+from vocabbridge.vllm.backend import vllm_command, vllm_installed
 
 QWEN = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
@@ -105,7 +105,7 @@ def test_vllm_argv_for_mtp_and_every_passthrough():
 
 
 def test_vllm_draft_model_with_another_vocabulary_is_heterogeneous_and_greedy():
-    argv, notes = dry_run("--drafter", "exaone-1.2b", "-k", "3")  # the preset picks its target
+    argv, notes = dry_run("--drafter", "exaone-1.2b", "--mode", "tli", "-k", "3")  # the preset picks its target
     assert argv[:3] == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B"]
     assert spec_config(argv) == {
         "method": "draft_model",
@@ -115,6 +115,17 @@ def test_vllm_draft_model_with_another_vocabulary_is_heterogeneous_and_greedy():
         "draft_sample_method": "greedy",
     }
     assert "different vocabulary" in notes
+
+
+def test_vllm_with_another_vocabulary_runs_our_text_drafter_by_default():
+    argv, notes = dry_run("--drafter", "exaone-1.2b", "-k", "3")
+    assert argv[0].startswith("VOCABBRIDGE_VLLM_DRAFTER=") and argv[1:4] == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B"]
+    assert spec_config(argv) == {
+        "method": "custom_class",
+        "model": "vocabbridge.vllm.proposers.TextProposer",
+        "num_speculative_tokens": 3,
+    }
+    assert "text drafter runs inside vLLM's worker" in notes
 
 
 def test_vllm_draft_model_with_the_same_vocabulary_is_plain():
@@ -130,11 +141,20 @@ def test_vllm_draft_model_with_the_same_vocabulary_is_plain():
 def test_vllm_vocabularies_of_local_models_are_compared_token_by_token(tiny):
     t, spm, draft = tiny["target"].source, tiny["spm"].source, tiny["draft"].source
     same = vllm_command(_spec(target=t, drafter=draft)).speculative_config
-    other = vllm_command(_spec(target=t, drafter=spm, mode="bridged"))
+    other = vllm_command(_spec(target=t, drafter=spm, mode="tli", map_path="m.json"))
     assert same == {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
     assert other.speculative_config["use_heterogeneous_vocab"] is True
-    assert any("token by token" in n for n in other.notes) and any("--mode/--map" in n for n in other.notes)
+    assert any("token by token" in n for n in other.notes) and any("vocabbridge plugin" in n for n in other.notes)
+    assert other.env["VOCABBRIDGE_VLLM_MAP"].endswith("m.json") and other.map_check[0] == "m.json"
     assert other.argv[2] == t and other.model_name == "target"  # a path is served under its file name
+    ours = vllm_command(_spec(target=t, drafter=spm, mode="bridged", min_confidence=0.3))
+    assert ours.speculative_config == {
+        "method": "custom_class",
+        "model": "vocabbridge.vllm.proposers.BridgedProposer",
+        "num_speculative_tokens": 4,
+    }
+    assert ours.files and ours.env["VOCABBRIDGE_VLLM_DRAFTER"] == ours.files[0][0]
+    assert json.loads(ours.files[0][1])["spec"]["min_confidence"] == 0.3  # the proposer reads the engine's options
 
 
 def test_vllm_api_key_goes_through_the_environment():

@@ -83,13 +83,32 @@ def test_bench_takes_every_field_but_the_drafter_and_mode_from_the_same_options(
 
 
 def test_every_field_reaches_vllm_or_is_named_engine_only():
-    vllm_fields = {n for n, o, _ in options() if o.vllm}
-    engine_only = {n for n, o, _ in options() if not o.vllm}
-    assert vllm_fields == {"target", "drafter", "mode", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
-    for name in engine_only:
-        notes = engine_only_notes(EngineSpec(target="t", drafter="ngram", **{name: CHANGED[name]}))
-        flag = dict((n, o.flag) for n, o, _ in options())[name]
-        assert notes and flag in notes[0], name
+    """Changing any field either changes the vLLM command (argv, speculative config or environment)
+    or is named in its notes as engine-only: nothing is silently dropped on the way to vLLM."""
+    from vocabbridge.vllm.backend import vllm_command
+
+    def command(**kw):
+        cmd = vllm_command(EngineSpec(**({"target": "qwen2.5-coder-1.5b", "drafter": "ngram"} | kw)), cpu=False)
+        return cmd.argv, cmd.env, cmd.notes
+
+    for base in ({"drafter": "smollm2-135m", "mode": "text"}, {"drafter": "smollm2-135m", "mode": "tli"}):
+        argv0, env0, notes0 = command(**base)
+        for name, value in CHANGED.items():
+            if name in ("target", "drafter", "prompt_lookup_min", "prompt_lookup_max"):  # those two: ngram's, below
+                continue
+            if name == "dtype":
+                value = "bfloat16"
+            if name == "mode":
+                value = "bridged"
+            try:
+                argv, env, notes = command(**(base | {name: value}))
+            except ConfigError:
+                continue  # e.g. --mode text with the same vocabulary is fine, draft with another is refused
+            flag = dict((n, o.flag) for n, o, _ in options())[name]
+            named = any(flag in n for n in notes if "embedded engine only" in n)
+            assert (argv, env) != (argv0, env0) or named, (base, name)
+    argv, env, _ = command(drafter="smollm2-135m", mode="text", min_confidence=0.5)
+    assert "VOCABBRIDGE_VLLM_DRAFTER" in env  # our proposer reads --min-confidence from its configuration file
     base = vllm_speculative_config(EngineSpec(target="t", drafter="ngram"))
     for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
         changed = vllm_speculative_config(EngineSpec(target="t", drafter="ngram", **{name: CHANGED[name]}))
@@ -99,7 +118,7 @@ def test_every_field_reaches_vllm_or_is_named_engine_only():
 def test_the_registry_names_every_method_and_builds_engine_drafters():
     from vocabbridge.engine.drafters.base import Drafter
 
-    assert METHOD_NAMES == ("none", "ngram", "mtp") and MODEL_MODES == ("draft", "bridged", "text")
+    assert METHOD_NAMES == ("none", "ngram", "mtp") and MODEL_MODES == ("draft", "bridged", "text", "tli")
     for name, m in DRAFTERS.items():
         assert m.name == name and m.summary
         if m.engine is None:
@@ -137,18 +156,18 @@ def test_bad_specs_say_how_to_fix_them():
         EngineSpec(min_confidence=1.0)
     with pytest.raises(ConfigError, match="--prompt-lookup-min \\(5\\) must not exceed --prompt-lookup-max \\(4\\)"):
         EngineSpec(prompt_lookup_min=5)
-    with pytest.raises(ConfigError, match="--mode must be one of auto, draft, bridged, text"):
-        EngineSpec(mode="tli")
+    with pytest.raises(ConfigError, match="--mode must be one of auto, draft, bridged, text, tli"):
+        EngineSpec(mode="tlx")
     with pytest.raises(ConfigError, match="needs --target"):
         _ = EngineSpec(drafter="ngram").target_name
 
 
 def test_one_vllm_config_for_serve_and_build_map():
     """build-map's hand-off and serve --backend vllm come from one function (they drifted once)."""
-    from vocabbridge.server.vllm_backend import vllm_command
+    from vocabbridge.vllm.backend import vllm_command
 
-    spec = EngineSpec(drafter="exaone-1.2b", num_speculative_tokens=3)
-    assert vllm_command(spec).speculative_config == vllm_speculative_config(spec, same_vocabulary=False)
+    spec = EngineSpec(drafter="exaone-1.2b", mode="tli", num_speculative_tokens=3)
+    assert vllm_command(spec, cpu=False).speculative_config == vllm_speculative_config(spec, same_vocabulary=False)
     assert vllm_speculative_config(spec, same_vocabulary=False)["draft_sample_method"] == "greedy"
 
 

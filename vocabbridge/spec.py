@@ -59,6 +59,7 @@ def _opt(default: Any, flag: str, help: str, **kw) -> Any:
 
 
 MAP_MODES = ("bytes", "vllm")
+BY_PROPOSERS = "honoured by vocabbridge's proposers in vLLM (bridged, text)"
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,21 @@ class EngineSpec:
     mode: str = _opt(
         "auto",
         "--mode",
-        "How a model drafter meets the target: draft (same vocabulary), bridged "
-        "(token map), text (re-tokenized drafted text). auto: draft when the vocabularies match, else text.",
+        "How a model drafter meets the target: draft (same vocabulary), bridged (token map and input "
+        "bridge), text (re-tokenized drafted text), tli (vLLM's token-level intersection). auto: draft when "
+        "the vocabularies match, else text.",
         kind="choice",
-        choices=("auto", "draft", "bridged", "text"),
+        choices=("auto", "draft", "bridged", "text", "tli"),
         vllm="the speculative method",
     )
     map_path: str | None = _opt(
-        None, "--map", "Token map for --mode bridged (built and cached when absent).", kind="path", metavar="FILE"
+        None,
+        "--map",
+        "Token map for --mode bridged or tli (built and cached when absent); with --backend vllm --mode tli, vLLM's "
+        "VocabMapping is built from it.",
+        kind="path",
+        metavar="FILE",
+        vllm="VocabMapping (tli, the vocabbridge plugin)",
     )
     map_mode: str = _opt(
         "bytes",
@@ -98,6 +106,7 @@ class EngineSpec:
         "How a missing token map is built: bytes (pairs by raw bytes and roles) or vllm (vLLM's string match).",
         kind="choice",
         choices=MAP_MODES,
+        vllm=BY_PROPOSERS,
     )
     num_speculative_tokens: int = _opt(
         4,
@@ -138,6 +147,7 @@ class EngineSpec:
         lo=0.0,
         hi=1.0,
         hi_open=True,
+        vllm=BY_PROPOSERS,
     )
     ngram_first: bool = _opt(
         False,
@@ -145,6 +155,7 @@ class EngineSpec:
         "Model drafters: propose a prompt-lookup match when there is one, the model otherwise.",
         kind="bool",
         off_flag="--no-ngram-first",
+        vllm=BY_PROPOSERS,
     )
     backoff: bool = _opt(
         True,
@@ -152,6 +163,7 @@ class EngineSpec:
         "Skip drafting for 1, 2, 4 … 16 steps after 3 costly misses in a row.",
         kind="bool",
         off_flag="--no-backoff",
+        vllm=BY_PROPOSERS,
     )
     prefill_chunk: int = _opt(
         256,
@@ -161,10 +173,17 @@ class EngineSpec:
         lo=1,
     )
     dtype: str = _opt(
-        "auto", "--dtype", "Target dtype: auto (fp32 on CPU for exact greedy output, bf16 on CUDA), float32, bfloat16, float16."
+        "auto",
+        "--dtype",
+        "Target dtype: auto (the embedded engine: fp32 on CPU for exact greedy output, bf16 on CUDA; vLLM: its own), "
+        "float32, bfloat16, float16.",
+        vllm="--dtype",
     )
     drafter_dtype: str = _opt(
-        "auto", "--drafter-dtype", "Drafter dtype: auto (int8 weights on CPU, else the target's), int8, float32, bfloat16."
+        "auto",
+        "--drafter-dtype",
+        "Drafter dtype: auto (int8 weights on CPU, else the target's), int8, float32, bfloat16.",
+        vllm=BY_PROPOSERS,
     )
     device: str = _opt("auto", "--device", "Where the models run: auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …")
 
@@ -230,10 +249,16 @@ def serve_argv(spec: EngineSpec) -> list[str]:
     return argv
 
 
-def engine_only_notes(spec: EngineSpec) -> list[str]:
-    """What vLLM ignores in ``spec``: the fields set away from their default that have no vLLM meaning."""
-    flags = [o.flag for name, o, default in options() if o.vllm is None and getattr(spec, name) != default]
-    return [f"{'/'.join(flags)} apply to the embedded engine only"] if flags else []
+def engine_only_notes(spec: EngineSpec, method: str | None = None) -> list[str]:
+    """What vLLM ignores in ``spec``: the fields set away from their default that have no vLLM
+    meaning, or that only vocabbridge's own proposers honour when ``method`` is not one of them."""
+    ours = method in ("bridged", "text")
+    flags = [
+        o.flag
+        for name, o, default in options()
+        if getattr(spec, name) != default and (o.vllm is None or (o.vllm == BY_PROPOSERS and not ours))
+    ]
+    return [f"{'/'.join(flags)} apply to the embedded engine only" + ("" if ours else " here")] if flags else []
 
 
 # ==== the drafter registry ======================================================================
@@ -283,12 +308,24 @@ def _vllm_draft(spec, model_for, notes):
     return {"method": "draft_model", "model": model_for(spec.drafter), "num_speculative_tokens": spec.num_speculative_tokens}
 
 
-def _vllm_heterogeneous(spec, model_for, notes):
-    """vLLM's token-level intersection (TLI), which supports greedy draft sampling only."""
-    if spec.mode in ("bridged", "text") or spec.map_path:
-        notes.append("--mode/--map apply to the embedded engine; vLLM builds its own string-intersection map")
+def _vllm_tli(spec, model_for, notes):
+    """vLLM's token-level intersection (TLI): draft_model with use_heterogeneous_vocab, greedy
+    draft sampling only. With ``--map``, our plugin builds its VocabMapping from the map file."""
+    if spec.map_path:
+        notes.append(f"vLLM's VocabMapping comes from {spec.map_path} (the vocabbridge plugin), not from its string match")
     return _vllm_draft(spec, model_for, notes) | {"use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}
 
+
+def _vllm_proposer(name: str):
+    """Our drafter inside vLLM, as a ``custom_class`` proposer (vocabbridge/vllm/proposers.py)."""
+
+    def build(spec, model_for, notes):
+        return {"method": "custom_class", "model": f"{PROPOSERS}.{name}", "num_speculative_tokens": spec.num_speculative_tokens}
+
+    return build
+
+
+PROPOSERS = "vocabbridge.vllm.proposers"
 
 MTP_UNSUPPORTED = (
     "the embedded engine has no MTP drafter: no checkpoint with an MTP head is available to build and test one "
@@ -328,14 +365,21 @@ DRAFTERS: dict[str, DrafterMethod] = {
             "a model with another vocabulary, through a token map and its input bridge",
             True,
             "vocabbridge.engine.drafters.model_based:BridgedDrafter",
-            _vllm_heterogeneous,
+            _vllm_proposer("BridgedProposer"),
         ),
         DrafterMethod(
             "text",
             "a model with another vocabulary drafting text, re-tokenized by the target",
             True,
             "vocabbridge.engine.drafters.text:TextDrafter",
-            _vllm_heterogeneous,
+            _vllm_proposer("TextProposer"),
+        ),
+        DrafterMethod(
+            "tli",
+            "vLLM's token-level intersection: one drafter token per target token through a map, unk where none",
+            True,
+            "vocabbridge.engine.drafters.model_based:TLIDrafter",
+            _vllm_tli,
         ),
     ]
 }
@@ -388,14 +432,14 @@ def vllm_speculative_config(
     A model drafter whose vocabulary differs (or is unknown) gets vLLM's heterogeneous-vocabulary
     path with greedy draft sampling, which vLLM requires for it. ``notes`` collects how it was decided.
 
-    >>> vllm_speculative_config(EngineSpec(drafter="exaone-1.2b", num_speculative_tokens=3), same_vocabulary=False)
+    >>> vllm_speculative_config(EngineSpec(drafter="exaone-1.2b", mode="tli", num_speculative_tokens=3), same_vocabulary=False)
     {'method': 'draft_model', 'model': 'LGAI-EXAONE/EXAONE-4.0-1.2B', 'num_speculative_tokens': 3, \
 'use_heterogeneous_vocab': True, 'draft_sample_method': 'greedy'}
     """
     notes = notes if notes is not None else []
     method = resolve_method(spec, same_vocabulary=same_vocabulary)
     if method.name == "draft" and same_vocabulary is None:  # unknown: the heterogeneous path is safe either way
-        method = DRAFTERS["text"]
+        method = DRAFTERS["tli"]
     return method.vllm(spec, model_for, notes)
 
 

@@ -31,9 +31,9 @@ from pathlib import Path
 import httpx
 
 from ..errors import BenchError, LaunchError, VocabBridgeError
-from ..server.vllm_backend import choose_backend
 from ..spec import METHOD_NAMES, MODEL_MODES, EngineSpec
 from ..spec import serve_argv as spec_argv
+from ..vllm.backend import choose_backend
 from .prompts import Prompt
 from .protocol import BenchSettings, Progress, bench_endpoint, finish
 from .results import BenchResult, ConfigResult, Endpoint
@@ -96,6 +96,8 @@ class LaunchSettings:
     def __post_init__(self):
         if self.launch not in LAUNCHES:
             raise BenchError(f"--launch must be one of {', '.join(LAUNCHES)}, got {self.launch!r}.")
+        if self.serve_args and "--" in self.serve_args and self.backend == "embedded":
+            raise BenchError("--vllm-args are for configurations started with --backend vllm; the embedded engine takes none.")
         if self.launch == "inprocess" and self.backend == "vllm":
             raise BenchError("--launch inprocess runs the embedded engine; with --backend vllm use --launch subprocess.")
 

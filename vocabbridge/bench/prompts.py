@@ -2,8 +2,11 @@
 
     {"id": "en-chat", "category": "english_chat", "language": "en",
      "messages": [{"role": "user", "content": "..."}], "max_tokens": 200}
+    {"id": "q1", "prompt": "Summarize the plot of Hamlet in three sentences."}
 
-``max_tokens`` is optional (the run's ``--max-tokens`` applies otherwise); so is ``language``.
+A line has ``messages`` or a plain ``prompt`` (one user message). ``category`` (default
+``custom``), ``max_tokens`` (the run's ``--max-tokens`` applies otherwise) and ``language`` are
+optional.
 The built-in suite (``vocabbridge/data/prompts/suite.jsonl``, written for this project) follows the
 five categories of the EXAONE speculative-decoding study.
 
@@ -22,7 +25,7 @@ from typing import Any
 from ..errors import PromptFileError
 
 BUILTIN_SUITE = "suite.jsonl"
-FIELDS = {"id", "category", "language", "messages", "max_tokens"}
+FIELDS = {"id", "category", "language", "messages", "prompt", "max_tokens"}
 ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
@@ -96,9 +99,16 @@ def _prompt_from_obj(obj: Any, where: str) -> Prompt:
     unknown = sorted(set(obj) - FIELDS)
     if unknown:
         raise PromptFileError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FIELDS))}.")
+    obj = {"category": "custom"} | obj
     for key in ("id", "category"):
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             raise PromptFileError(f"{where}: {key!r} must be a non-empty string.")
+    if ("prompt" in obj) == ("messages" in obj):
+        raise PromptFileError(f"{where}: give either 'messages' (a list of {{\"role\", \"content\"}}) or 'prompt' (a string).")
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
+            raise PromptFileError(f"{where}: 'prompt' must be a non-empty string.")
+        obj["messages"] = [{"role": "user", "content": obj.pop("prompt")}]
     language = obj.get("language", "")
     if not isinstance(language, str):
         raise PromptFileError(f'{where}: \'language\' must be a string such as "en" or "ko".')

@@ -5,8 +5,9 @@ Per configuration:
 1. a warm-up request (the shortest prompt), measured and reported on its own, never averaged;
 2. ``repeats`` × prompts × thinking modes, one at a time, ``/metrics`` scraped before and after
    each request so each counter delta belongs to that request;
-3. a concurrency sweep: for each level c, c requests sent at once (the suite's prompts, shortest
-   first, cycled); per-request and aggregate throughput, counters over the whole wave.
+3. a concurrency sweep: every level c sends the same request set (the prompts, shortest first,
+   repeated until the highest level fills its slots) with at most c requests in flight; per-request
+   and aggregate throughput, counters over the whole wave.
 
 >>> s = BenchSettings(max_tokens=16, repeats=1, thinking="both", concurrency=(1, 4))
 >>> s.thinking_modes
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import os
 import platform
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -62,7 +62,8 @@ class BenchSettings:
         return THINKING[self.thinking]
 
     def requests_per_config(self, n_prompts: int) -> int:
-        return int(self.warmup) + self.repeats * n_prompts * len(self.thinking_modes) + sum(self.concurrency)
+        wave = n_prompts * -(-max(self.concurrency) // n_prompts) if self.concurrency else 0
+        return int(self.warmup) + self.repeats * n_prompts * len(self.thinking_modes) + wave * len(self.concurrency)
 
 
 class Progress:
@@ -136,15 +137,13 @@ class _Runner:
         self.progress.request_done(r)
         return r
 
-    def wave(self, prompts: list[Prompt], thinking: bool | None, c: int) -> ConcurrencyFigures:
-        self.progress.request_started(f"{self.endpoint.name}: {c} concurrent request{'s' if c > 1 else ''}")
-        jobs = [prompts[i % len(prompts)] for i in range(c)]
-        barrier = threading.Barrier(c)
-        starts: list[float] = [0.0] * c
-        ends: list[float] = [0.0] * c
+    def wave(self, jobs: list[Prompt], thinking: bool | None, c: int) -> ConcurrencyFigures:
+        """The same request set at every level: ``jobs`` sent with at most ``c`` in flight."""
+        self.progress.request_started(f"{self.endpoint.name}: {len(jobs)} requests, {c} at a time")
+        starts: list[float] = [0.0] * len(jobs)
+        ends: list[float] = [0.0] * len(jobs)
 
         def run(i: int) -> Completion:
-            barrier.wait()
             starts[i] = time.perf_counter()
             comp = self.chat(jobs[i], thinking)
             ends[i] = time.perf_counter()
@@ -152,16 +151,29 @@ class _Runner:
 
         before = self.scrape()
         with ThreadPoolExecutor(max_workers=c) as pool:
-            comps = list(pool.map(run, range(c)))
-        delta = self.scrape_after(before, c)
+            comps = list(pool.map(run, range(len(jobs))))
+        delta = self.scrape_after(before, len(jobs))
         out = []
         for i, (p, comp) in enumerate(zip(jobs, comps)):
-            r = RequestResult(
-                self.endpoint.name, "concurrency", p.id, p.category, thinking, i, c, comp, delta if c == 1 and comp.ok else None
-            )
+            r = RequestResult(self.endpoint.name, "concurrency", p.id, p.category, thinking, i, c, comp, None)
             self.progress.request_done(r)
             out.append(r)
         return ConcurrencyFigures(c, out, max(ends) - min(starts), delta)
+
+
+def concurrency_jobs(prompts: list[Prompt], levels: tuple[int, ...]) -> list[Prompt]:
+    """The request set every concurrency level runs: the prompts, shortest first, repeated until
+    the highest level has a request for every slot (so each level measures the same work).
+
+    >>> [p.id for p in concurrency_jobs([Prompt("a", "c", ({"role": "user", "content": "xx"},)),
+    ...                                  Prompt("b", "c", ({"role": "user", "content": "x"},))], (1, 3))]
+    ['b', 'a', 'b', 'a']
+    """
+    if not levels:
+        return []
+    by_size = sorted(prompts, key=lambda p: p.chars)
+    rounds = -(-max(levels) // len(by_size))
+    return by_size * rounds
 
 
 def bench_endpoint(
@@ -198,8 +210,9 @@ def bench_endpoint(
             for p in prompts:
                 for t in modes:
                     res.requests.append(run.one(p, t, phase="measure", repeat=rep))
+        jobs = concurrency_jobs(prompts, settings.concurrency)
         for c in settings.concurrency:
-            res.concurrency.append(run.wave(by_size, modes[0], c))
+            res.concurrency.append(run.wave(jobs, modes[0], c))
     res.summarize()
     res.unmeasured += _gaps(res)
     progress.config_done(res)

@@ -20,6 +20,7 @@ COMMANDS = {
     "serve": "vocabbridge.cli.serve_cmd:serve_cmd",
     "presets": "vocabbridge.cli.presets_cmd:presets_cmd",
     "bench": "vocabbridge.cli.bench_cmd:bench_cmd",
+    "doctor": "vocabbridge.cli.doctor_cmd:doctor_cmd",
 }
 
 

@@ -135,6 +135,12 @@ def _command_line() -> str | None:
 )
 @click.option("--max-num-seqs", type=click.IntRange(1), help="Requests a started server generates at once.")
 @click.option(
+    "--vllm-args",
+    metavar="ARGS",
+    default="",
+    help="Arguments for `vllm serve` in started vLLM configurations, as one string, e.g. '-O0 --max-model-len 4096'.",
+)
+@click.option(
     "--startup-timeout", default=1200.0, show_default=True, type=click.FloatRange(1), help="Seconds to wait for a started server."
 )
 @click.option(
@@ -172,6 +178,7 @@ def bench_cmd(
     backend,
     launch,
     max_num_seqs,
+    vllm_args,
     startup_timeout,
     prompts_file,
     categories,
@@ -222,7 +229,10 @@ def bench_cmd(
             endpoints = [Endpoint(n, u) for n, u in zip(names or [base_url(u).split("://", 1)[1] for u in urls], urls)]
             result = bench_urls(endpoints, prompts, settings, api_key=api_key, progress=progress)
         else:
-            ls = LaunchSettings(spec, backend=backend, launch=launch, startup_timeout=startup_timeout, max_num_seqs=max_num_seqs)
+            extra = ("--", *shlex.split(vllm_args)) if vllm_args else ()
+            ls = LaunchSettings(
+                spec, backend=backend, launch=launch, startup_timeout=startup_timeout, max_num_seqs=max_num_seqs, serve_args=extra
+            )
             result = bench_launched(parse_drafters(drafters), ls, prompts, settings, progress=progress)
     if out_dir is not None:
         written = write_outputs(result, out_dir, command=_command_line())

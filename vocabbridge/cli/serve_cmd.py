@@ -15,7 +15,8 @@ from ..engine.factory import build_engine, preflight
 from ..errors import ConfigError
 from ..presets import resolve_model
 from ..server.runner import bind, serve_in_thread
-from ..server.vllm_backend import INSTALL_HINT, choose_backend, run_vllm, vllm_command, vllm_installed
+from ..vllm.backend import choose_backend, echo_stderr, run_vllm, vllm_command
+from ..vllm.install import inspect_vllm
 from .common import spec_options, status
 
 
@@ -78,8 +79,9 @@ def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_nam
         if dry_run:
             click.echo(cmd.shell())
             return
-        if not vllm_installed():
-            raise ConfigError(INSTALL_HINT)
+        info = inspect_vllm()
+        if info.problems:
+            raise ConfigError(" ".join(info.problems))
         _say(f"backend vllm ({why}): {cmd.shell()}")
         sys.exit(_run_vllm(cmd, host, port))
     if vllm_args:
@@ -90,18 +92,11 @@ def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_nam
 
 
 def _run_vllm(cmd, host, port) -> int:
-    url = f"http://{host}:{port}"
-    ready_seen = []
-
     def ready():
-        ready_seen.append(True)
-        click.echo(f"vocabbridge serve: ready on {url} — model {cmd.model_name}, vLLM backend; Ctrl-C stops")
+        click.echo(f"vocabbridge serve: ready on http://{host}:{port} — model {cmd.model_name}, vLLM backend; Ctrl-C stops")
         sys.stdout.flush()
 
-    rc = run_vllm(cmd, host=host, port=port, on_ready=ready)
-    if rc and not ready_seen:
-        _say(f"vLLM exited with status {rc} before it was ready; its own output above says why.")
-    return rc
+    return run_vllm(cmd, host=host, port=port, on_ready=ready, say=_say, echo=echo_stderr)
 
 
 @contextlib.contextmanager

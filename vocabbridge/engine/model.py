@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib
 import inspect
-import os
-import shutil
 import sys
 import time
 import warnings
@@ -37,6 +34,7 @@ with warnings.catch_warnings():  # torch.utils.mkldnn's ScriptModules warn that 
     from torch.utils.mkldnn import MkldnnLinear
 from ..tokenizer import TokenizerView, load_tokenizer
 from ..util import common_prefix_len
+from .convert import converted_folder
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -71,28 +69,14 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def _converted_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
-
-    st = gguf.stat()
-    key = f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}|{dtype}|{transformers.__version__}"
-    root = Path(os.environ.get("VOCABBRIDGE_CACHE", Path.home() / ".cache" / "vocabbridge"))
-    return root / "converted" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-
-
 def _load_weights(source: str, dtype: torch.dtype, device: str, *, cache_converted: bool):
 
     path = Path(source).expanduser()
     kwargs = {"dtype": dtype}
     if path.is_file() and path.suffix == ".gguf":
-        cached = _converted_cache_dir(path, dtype)
-        if cache_converted and (cached / "config.json").is_file():
-            return AutoModelForCausalLM.from_pretrained(str(cached), **kwargs)
-        # GGUF weights are dequantized by transformers (slow: ~40 s for 1.5B on 2 cores), so the
-        # result is cached as safetensors next to nothing the user owns (~/.cache/vocabbridge).
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
-        if cache_converted:
-            _save_dequantized(model, cached)
-        return model
+        if cache_converted:  # converted once into an HF folder (engine/convert.py), then loaded in seconds
+            return AutoModelForCausalLM.from_pretrained(str(converted_folder(path)), **kwargs)
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
     if path.is_dir():
         if not (path / "config.json").is_file():
             ggufs = sorted(path.glob("*.gguf"))
@@ -103,29 +87,6 @@ def _load_weights(source: str, dtype: torch.dtype, device: str, *, cache_convert
     if path.exists():
         raise ModelLoadError(f"{source}: not a model folder or a .gguf file.")
     return AutoModelForCausalLM.from_pretrained(source, **kwargs)  # hub id
-
-
-def _save_dequantized(model, dest: Path) -> None:
-    """Save a GGUF-loaded (already dequantized) model as plain safetensors; best effort."""
-
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    # transformers marks GGUF-loaded models as quantized and refuses to save them, although the
-    # weights are plain tensors by now; drop the marker for the save only.
-    quantizer, qcfg = getattr(model, "hf_quantizer", None), getattr(model.config, "quantization_config", None)
-    try:
-        model.hf_quantizer = None
-        if qcfg is not None:
-            del model.config.quantization_config
-        model.save_pretrained(str(tmp))
-        if not dest.exists():
-            os.replace(tmp, dest)
-    except (OSError, ValueError, RuntimeError) as e:  # a cache, not a requirement
-        warnings.warn(f"could not cache the converted model in {dest}: {e}", stacklevel=2)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.hf_quantizer = quantizer
-        if qcfg is not None:
-            model.config.quantization_config = qcfg
 
 
 class PackedLinear(torch.nn.Module):

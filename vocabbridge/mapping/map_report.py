@@ -75,8 +75,14 @@ def analyze_pair(
     covs = [compute_coverage(tm, drafter, target, texts=texts, vllm_map=vm, check_bridge=check_bridge)]
     if mode != "vllm":
         covs.append(compute_coverage(vm, drafter, target, texts=texts))
-    spec = EngineSpec(target=target.source, drafter=drafter.source, num_speculative_tokens=num_speculative_tokens)
-    config = vllm_speculative_config(spec, same_vocabulary=same_vocabulary(drafter, target), model_for=str)
+    same = same_vocabulary(drafter, target)
+    spec = EngineSpec(
+        target=target.source,
+        drafter=drafter.source,
+        mode="draft" if same else "tli",
+        num_speculative_tokens=num_speculative_tokens,
+    )
+    config = vllm_speculative_config(spec, same_vocabulary=same, model_for=str)
     return MapReport(tm, covs, vllm_config=config)
 
 
@@ -270,8 +276,11 @@ def vllm_section(vllm_cov: Coverage, config: dict, target_model: str, own: Cover
     ]
     if own is not None and own.mode != "vllm":
         notes.append(
-            f"The {own.mode} map ({own.pairs:,} pairs, {fmt_pct(own.pct_target)}) is for vocabbridge's engine; "
-            "vLLM cannot load a map file."
+            f"To give vLLM this {own.mode} map instead ({own.pairs:,} pairs, {fmt_pct(own.pct_target)}; unpaired target "
+            "tokens reach the drafter as the first token of their spelling, not unk), start it through vocabbridge: "
+            "`vocabbridge serve --backend vllm --target TARGET --drafter DRAFTER --mode tli --map MAP.json` "
+            "(the vocabbridge plugin builds vLLM's VocabMapping from the map file); `--mode text` or `--mode bridged` "
+            "run vocabbridge's own drafters inside vLLM."
         )
     notes.append(
         '"model" is the drafter you passed; give vLLM the drafter model\'s path or hub id if that was a tokenizer folder.'

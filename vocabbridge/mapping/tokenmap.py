@@ -140,6 +140,27 @@ class TokenMap:
                 return (d,)
         return self.input_bridge.get(int(t), ())
 
+    def single_token_inputs(self, unpaired: str = "unk") -> np.ndarray:
+        """target id → the one drafter id to feed for it, as vLLM's token-level path feeds its drafter:
+        the partner where there is one; else the drafter's unk (else eos) id (``"unk"``, what vLLM
+        does) or the first token of the input bridge's spelling of it (``"first"``).
+
+        >>> side = MapSide("a", "f" * 64, 3, None)
+        >>> tm = TokenMap("bytes", side, side, np.array([0, 1, -1]), np.array([0, -1, -1]), {1: (2, 0)}, draft_unk_id=0)
+        >>> tm.single_token_inputs("unk").tolist(), tm.single_token_inputs("first").tolist()
+        ([0, 0, 0], [0, 2, 0])
+        """
+        if unpaired not in ("unk", "first"):
+            raise ValueError(f"unpaired must be 'unk' or 'first', got {unpaired!r}")
+        out = self.target_to_draft.copy()
+        if unpaired == "first":
+            for t in np.nonzero(out < 0)[0].tolist():
+                spelled = self.input_bridge.get(t)
+                if spelled:
+                    out[t] = spelled[0]
+        out[out < 0] = self.draft_unk_id if self.draft_unk_id is not None else 0
+        return out
+
     # ==== checks =====================================================================
 
     def check(self, drafter: TokenizerView, target: TokenizerView, *, path: str | None = None) -> None:

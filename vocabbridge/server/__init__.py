@@ -1,7 +1,7 @@
 """Serving: an OpenAI-compatible HTTP server over the embedded engine (with vLLM's /metrics
-names), and a launcher that runs ``vllm serve`` with the matching ``--speculative-config``.
+names). ``serve --backend vllm`` runs vLLM instead (``vocabbridge.vllm.backend``).
 
-Only this package and the CLI import the web framework; ``vllm_backend`` imports neither.
+Only this package and the CLI import the web framework.
 
 >>> from vocabbridge.server import create_app, serve_in_thread  # doctest: +SKIP
 >>> with serve_in_thread(built, port=0) as srv:  # doctest: +SKIP
@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["ServerHandle", "create_app", "serve_in_thread"]
 
 
-def __getattr__(name: str):  # lazy: `vllm_backend` users do not pay for importing FastAPI
+def __getattr__(name: str):  # lazy: importing the package does not import FastAPI
     if name == "create_app":
         from .app import create_app
 

@@ -2,7 +2,7 @@
 
 from .base import Drafter, DraftSession, NoDrafter, Proposal
 from .combined import NgramFirstDrafter
-from .model_based import BridgedDrafter, DraftModelDrafter
+from .model_based import BridgedDrafter, DraftModelDrafter, TLIDrafter
 from .ngram import NgramDrafter, find_ngram_proposal
 from .text import TextDrafter
 
@@ -15,6 +15,7 @@ __all__ = [
     "NgramFirstDrafter",
     "NoDrafter",
     "Proposal",
+    "TLIDrafter",
     "TextDrafter",
     "find_ngram_proposal",
 ]

@@ -167,11 +167,11 @@ class _BridgedSession(ModelDraftSession):
         self.n_mapped = 0
 
     def drafter_context(self, context):
-        tm = self.d.token_map
         if self.n_mapped > len(context):  # never happens in the engine (context only grows)
             self.mapped, self.n_mapped = [], 0
+        feed = self.d.feed_ids
         for t in context[self.n_mapped :]:
-            self.mapped.extend(tm.draft_ids_for_target(t))
+            self.mapped.extend(feed(t))
         self.n_mapped = len(context)
         return self.mapped
 
@@ -225,6 +225,10 @@ class BridgedDrafter(Drafter):
         )
         return cls(drafter_lm, tm, target_vocab_size=target.vocab_size, min_confidence=spec.min_confidence)
 
+    def feed_ids(self, target_id: int) -> tuple[int, ...]:
+        """The drafter ids that stand for ``target_id`` in the drafter's context: its partner, else its bridge."""
+        return self.token_map.draft_ids_for_target(target_id)
+
     def session(self, prompt):
         return _BridgedSession(self, min_confidence=self.min_confidence)
 
@@ -236,3 +240,41 @@ class BridgedDrafter(Drafter):
             "mapped_drafter_tokens": int((self.d2t >= 0).sum()),
             "min_confidence": self.min_confidence,
         }
+
+
+# ==== vLLM's token-level intersection, in our engine ==========================================
+
+
+class TLIDrafter(BridgedDrafter):
+    """vLLM's heterogeneous-vocabulary path (``use_heterogeneous_vocab``) reproduced in our engine,
+    to compare it with the other drafters on the same hardware: one drafter token per target token,
+    through the map where there is a pair and a single fallback id where there is none (the
+    drafter's unk, as vLLM; or the first token of the input bridge's spelling); proposals masked to
+    paired tokens. Without ``--map`` the map is vLLM's own (``--map-mode vllm``), exactly."""
+
+    name = "tli"
+
+    def __init__(self, lm: CausalLM, token_map, *, target_vocab_size: int, min_confidence: float = 0.0, unpaired: str = "unk"):
+        super().__init__(lm, token_map, target_vocab_size=target_vocab_size, min_confidence=min_confidence)
+        self.unpaired = unpaired
+        self.inputs = token_map.single_token_inputs(unpaired)
+
+    @classmethod
+    def from_spec(cls, spec, target, drafter_lm):
+        mode = spec.map_mode if spec.map_path else "vllm"
+        tm = token_map_for(
+            drafter_lm.view,
+            target.view,
+            path=spec.map_path,
+            mode=mode,
+            drafter_vocab_size=drafter_lm.vocab_size,
+            target_vocab_size=target.vocab_size,
+        )
+        unpaired = "unk" if tm.mode == "vllm" else "first"
+        return cls(drafter_lm, tm, target_vocab_size=target.vocab_size, min_confidence=spec.min_confidence, unpaired=unpaired)
+
+    def feed_ids(self, target_id: int) -> tuple[int, ...]:
+        return (int(self.inputs[target_id]),) if 0 <= target_id < len(self.inputs) else ()
+
+    def describe(self):
+        return super().describe() | {"name": self.name, "unpaired": self.unpaired}

