@@ -108,6 +108,7 @@ class VllmCommand:
     convert: tuple[str, ...] = ()  # GGUF files to convert to HF folders before starting
     files: tuple[tuple[str, str], ...] = ()  # (path, content) to write before starting: our proposers' configuration
     map_check: tuple[str, str, str] | None = None  # (map, drafter, target): checked before starting
+    memory_check: tuple[tuple[str, str, str], ...] = ()  # (name, source, dtype) that must fit in this CPU's memory
 
     def shell(self) -> str:
         """The command line, shell-quoted (the API key, if any, shown as an environment variable)."""
@@ -188,7 +189,12 @@ def vllm_command(
     if cfg is not None and cfg.get("use_heterogeneous_vocab") and spec.map_path:
         env[MAP_ENV] = os.path.abspath(spec.map_path)
         map_check = (spec.map_path, resolve_model(spec.drafter), resolve_model(spec.target_name))
-    return VllmCommand(argv, name, cfg, env, notes, convert, files, map_check)
+    memory = ()
+    if cpu:
+        dtype = spec.dtype if spec.dtype != "auto" else "bfloat16"  # vLLM's CPU default
+        models = [spec.target_name] + ([spec.drafter] if spec.uses_model else [])
+        memory = tuple((n, resolve_model(n), dtype) for n in models)
+    return VllmCommand(argv, name, cfg, env, notes, convert, files, map_check, memory)
 
 
 def spec_method(cfg: dict) -> str:
@@ -199,6 +205,10 @@ def spec_method(cfg: dict) -> str:
 def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
     """What must hold before vLLM starts: a given map is for these tokenizers (seconds, not a failed
     start-up minutes later), the GGUF files are converted (once), our proposers' configuration is written."""
+    if cmd.memory_check:
+        from ..engine.memory import check_fits  # torch
+
+        check_fits(list(cmd.memory_check), device="cpu")
     if cmd.map_check is not None:
         path, drafter, target = cmd.map_check
         load_map(path, drafter=load_tokenizer(drafter), target=load_tokenizer(target))
