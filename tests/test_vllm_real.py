@@ -41,7 +41,17 @@ PROMPTS = [
     "the quick brown fox jumps over the lazy dog.<|im_end|>\n<|im_start|>assistant\n",
 ]
 MAX_TOKENS = 32
-VLLM_ARGS = ("-O0", "--max-model-len", "4096")  # eager start-up (~30 s instead of ~90 s) and a KV cache that fits
+VLLM_ARGS = ("-O0", "--max-model-len", "4096")
+SERVE = (
+    sys.executable,
+    "-m",
+    "vocabbridge",
+    "serve",
+    "--backend",
+    "vllm",
+    "--target",
+    str(QWEN),
+)  # eager start-up (~30 s instead of ~90 s) and a KV cache that fits
 
 
 def _missing() -> str | None:
@@ -77,23 +87,7 @@ def _free_port() -> int:
 def vllm_serve(*args: str, env: dict | None = None):
     """`vocabbridge serve --backend vllm ARGS -- VLLM_ARGS` until the block ends; yields (url, output lines)."""
     port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vocabbridge",
-        "serve",
-        "--backend",
-        "vllm",
-        "--target",
-        str(QWEN),
-        "--dtype",
-        "float32",
-        "--port",
-        str(port),
-        *args,
-        "--",
-        *VLLM_ARGS,
-    ]
+    cmd = [*SERVE, "--dtype", "float32", "--port", str(port), *args, "--", *VLLM_ARGS]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | (env or {}), start_new_session=True
     )
@@ -235,29 +229,8 @@ def test_bench_reads_acceptance_from_vllm_metrics_and_stop_ends_open_streams():
 
 def test_a_map_for_other_tokenizers_is_refused_before_vllm_starts():
     t0 = time.monotonic()
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vocabbridge",
-            "serve",
-            "--backend",
-            "vllm",
-            "--target",
-            str(QWEN),
-            "--drafter",
-            str(SMOL),
-            "--mode",
-            "tli",
-            "--map",
-            str(OTHER_MAP),
-            "--port",
-            str(_free_port()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [*SERVE, "--drafter", str(SMOL), "--mode", "tli", "--map", str(OTHER_MAP), "--port", str(_free_port())]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1 and "was built for other tokenizers" in r.stderr and "Traceback" not in r.stderr
     assert "vllm serve" not in r.stderr.split("Error:")[-1] and time.monotonic() - t0 < 120
 

@@ -36,6 +36,7 @@ from itertools import repeat
 import numpy as np
 
 from ..tokenizer.pipeline import _flatten
+from ..tokenizer.roles import ROLE_ORDER
 from ..tokenizer.view import TokenizerView
 from .tokenmap import BuildStats
 
@@ -44,26 +45,9 @@ try:  # current Unicode tables, closer to the tokenizers crate's than an older P
 except ImportError:  # pragma: no cover - a declared dependency
     _ud = unicodedata
 
-ROLE_PRIORITY = (
-    "end_of_turn",
-    "start_of_turn",
-    "end_of_header",
-    "role:system",
-    "role:user",
-    "role:assistant",
-    "think_start",
-    "think_end",
-    "tool_call_start",
-    "tool_call_end",
-    "fim_prefix",
-    "fim_middle",
-    "fim_suffix",
-    "fim_pad",
-    "eos",
-    "bos",
-    "unk",
-    "pad",
-)
+SPECIAL_TOKEN_ROLES = ("bos", "eos", "pad", "unk")
+# The chat-structure roles first (in ROLE_ORDER's order), then eos and bos, then the weak ones.
+ROLE_PRIORITY = (*(r for r in ROLE_ORDER if r not in SPECIAL_TOKEN_ROLES), "eos", "bos", "unk", "pad")
 WEAK_ROLES = ("unk", "pad")  # paired after exact-content matches (rule 2)
 
 _PIECE = re.compile(r'"<0x([0-9A-Fa-f]{2})>"\s*:\s*(\d+)')

@@ -18,6 +18,7 @@ A map has two directions and a bridge:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,6 +31,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..tokenizer.view import TokenizerView
 
 MODES = ("bytes", "vllm")
+UNPAIRED_ENV = "VOCABBRIDGE_VLLM_MAP_UNPAIRED"  # what a one-token-per-token drafter reads for an unpaired target id
+
+
+def unpaired_choice(default: str = "first") -> str:
+    """``$VOCABBRIDGE_VLLM_MAP_UNPAIRED``: ``first`` (the first token of the input bridge's spelling)
+    or ``unk`` (the drafter's unk, as vLLM does); see :meth:`TokenMap.single_token_inputs`."""
+    value = os.environ.get(UNPAIRED_ENV, default)
+    if value not in ("first", "unk"):
+        raise ValueError(f"{UNPAIRED_ENV}={value!r}: use 'first' or 'unk'.")
+    return value
+
+
 FORMAT = "vocabbridge.map/1"
 
 

@@ -26,8 +26,9 @@ import inspect
 import logging
 import os
 
+from ..mapping.tokenmap import unpaired_choice
+
 MAP_ENV = "VOCABBRIDGE_VLLM_MAP"
-UNPAIRED_ENV = "VOCABBRIDGE_VLLM_MAP_UNPAIRED"
 EXPECTED_ARGS = ("target_tokenizer", "draft_tokenizer", "target_vocab_size", "draft_vocab_size", "device")
 EXPECTED_METHODS = ("map_target_to_draft_ids", "map_draft_to_target_ids", "constrain_draft_logits")
 
@@ -85,7 +86,7 @@ def mapping_class(original, path: str):
                 _source(draft_tokenizer),
                 target_vocab_size,
                 draft_vocab_size,
-                os.environ.get(UNPAIRED_ENV, "first"),
+                unpaired_choice(),
             )
             self.target_vocab_size, self.draft_vocab_size, self.device = target_vocab_size, draft_vocab_size, device
             self.target_unk_token_id = arrays["target_unk"]

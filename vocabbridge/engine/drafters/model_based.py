@@ -15,6 +15,7 @@ import torch
 
 from ...errors import ConfigError
 from ...mapping import token_map_for
+from ...mapping.tokenmap import unpaired_choice
 from ...tokenizer import same_vocabulary
 from ...util import common_prefix_len
 from ..model import CausalLM
@@ -270,7 +271,7 @@ class TLIDrafter(BridgedDrafter):
             drafter_vocab_size=drafter_lm.vocab_size,
             target_vocab_size=target.vocab_size,
         )
-        unpaired = "unk" if tm.mode == "vllm" else "first"
+        unpaired = "unk" if tm.mode == "vllm" else unpaired_choice()  # vLLM's own map: exactly what vLLM feeds
         return cls(drafter_lm, tm, target_vocab_size=target.vocab_size, min_confidence=spec.min_confidence, unpaired=unpaired)
 
     def feed_ids(self, target_id: int) -> tuple[int, ...]:
