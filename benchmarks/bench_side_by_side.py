@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -181,8 +182,9 @@ def main() -> None:
     out = open(args.out / "run.log", "a", encoding="utf-8")
     levels = tuple(int(x) for x in args.concurrency.split(",") if x)
     prompts = select_prompts(load_prompts(), categories=args.categories.split(","))
-    settings = BenchSettings(max_tokens=args.max_tokens, repeats=1, temperature=0, concurrency=levels)
     engines = args.engines.split(",")
+    baseline = "emb:none" if "embedded" in engines and (args.only is None or "emb:none" in args.only) else None
+    settings = BenchSettings(max_tokens=args.max_tokens, repeats=1, temperature=0, concurrency=levels)
     only = set(args.only.split(",")) if args.only else None
     progress = LogProgress(out)
     base = EngineSpec(target=args.target, num_speculative_tokens=args.k, min_confidence=args.min_confidence)
@@ -253,12 +255,11 @@ def main() -> None:
     result = finish(
         configs,
         prompts,
-        settings,
+        dataclasses.replace(settings, baseline=baseline if any(c.name == baseline for c in configs) else None),
         notes=[
             "engines: embedded = vocabbridge's engine (fp32 target, int8 drafters), vllm = vLLM's CPU build "
             f"(dtype {args.vllm_dtype}; serve args {args.vllm_args!r}), llama = llama-cpp-python's server on the GGUF file itself",
         ],
-        baseline="emb:none" if any(c.name == "emb:none" for c in configs) else None,
     )
     command = "VOCABBRIDGE_MODELS=... python benchmarks/bench_side_by_side.py " + shlex.join(sys.argv[1:])
     write_outputs(result, args.out, command=command)

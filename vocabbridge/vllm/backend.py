@@ -188,6 +188,7 @@ def vllm_command(
         notes.append(f"vocabbridge's {ours} drafter runs inside vLLM's worker ({cfg['model']}, configuration {path})")
     if cfg is not None and cfg.get("use_heterogeneous_vocab") and spec.map_path:
         env[MAP_ENV] = os.path.abspath(spec.map_path)
+    if spec.map_path and (ours == "bridged" or env.get(MAP_ENV)):  # checked before vLLM starts, not in its worker
         map_check = (spec.map_path, resolve_model(spec.drafter), resolve_model(spec.target_name))
     memory = ()
     if cpu:
