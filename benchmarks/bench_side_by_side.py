@@ -96,6 +96,8 @@ def llama_server(python: str, gguf: str, *, threads: int, ctx: int, lookup: int 
         str(ctx),
         "--model_alias",
         "llama",
+        "--interrupt_requests",
+        "False",  # queue concurrent requests (by default a new request cuts the running one off)
     ]
     if lookup:
         argv += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(lookup)]
