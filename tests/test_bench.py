@@ -326,22 +326,8 @@ def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
     from vocabbridge.bench.launch import NOT_SERVE_OPTIONS, serve_argv
     from vocabbridge.cli.serve_cmd import serve_cmd
 
-    changed = {
-        "mode": "text",
-        "map_path": "m.json",
-        "num_speculative_tokens": 3,
-        "prompt_lookup_min": 2,
-        "prompt_lookup_max": 5,
-        "adaptive_k": True,
-        "min_confidence": 0.5,
-        "ngram_first": True,
-        "dtype": "float32",
-        "drafter_dtype": "int8",
-        "device": "cpu",
-        "map_mode": "vllm",
-        "backoff": False,
-        "prefill_chunk": 64,
-    }
+    from .test_spec import CHANGED as changed  # a non-default value for every field, kept in one place
+
     fields = {f.name for f in dataclasses.fields(EngineSpec)} - set(NOT_SERVE_OPTIONS)
     assert fields <= set(changed), f"a new EngineSpec field to pass to serve: {fields - set(changed)}"
     spec = EngineSpec(target="t", drafter="d", **{k: v for k, v in changed.items() if k in fields})
