@@ -15,12 +15,6 @@ from ..util import atomic_write_text
 from .plots import write_plots
 from .results import BenchResult, ConfigResult
 
-PLOTS = {
-    "tokens_per_second": "tokens_per_second.png",
-    "acceptance_by_position": "acceptance_by_position.png",
-    "throughput_concurrency": "throughput_concurrency.png",
-}
-
 
 def _x(v: float | None) -> str:
     return "—" if v is None else f"×{v:.2f}"

@@ -11,6 +11,12 @@ from pathlib import Path
 
 from .results import BenchResult
 
+PLOTS = {
+    "tokens_per_second": "tokens_per_second.png",
+    "acceptance_by_position": "acceptance_by_position.png",
+    "throughput_concurrency": "throughput_concurrency.png",
+}
+
 
 def _pyplot():
     import matplotlib
@@ -122,8 +128,6 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_plots(res: BenchResult, out_dir: Path) -> dict[str, Path]:
-    from .outputs import PLOTS
-
     return {
         "tokens_per_second": plot_tokens_per_second(res, out_dir / PLOTS["tokens_per_second"]),
         "acceptance_by_position": plot_acceptance_by_position(res, out_dir / PLOTS["acceptance_by_position"]),

@@ -26,7 +26,11 @@ import inspect
 import logging
 import os
 
+import numpy as np
+
+from ..mapping import load_map
 from ..mapping.tokenmap import unpaired_choice
+from ..tokenizer import load_tokenizer
 
 MAP_ENV = "VOCABBRIDGE_VLLM_MAP"
 EXPECTED_ARGS = ("target_tokenizer", "draft_tokenizer", "target_vocab_size", "draft_vocab_size", "device")
@@ -120,11 +124,6 @@ def build_arrays(
     (its partner, else per ``unpaired``); ``draft_to_target`` is -1 for drafter ids without a
     partner (vLLM masks those drafter logits).
     """
-    import numpy as np
-
-    from ..mapping import load_map
-    from ..tokenizer import load_tokenizer
-
     tm = load_map(path, drafter=load_tokenizer(draft_source), target=load_tokenizer(target_source))
     d2t = np.full(draft_vocab_size, -1, dtype=np.int64)
     n = min(draft_vocab_size, len(tm.draft_to_target))
