@@ -64,7 +64,7 @@ def test_factory_picks_the_mode_from_the_vocabularies(tiny):
     assert (same.mode, other.mode) == ("draft", "text")
     with pytest.raises(ConfigError, match="another vocabulary"):
         build_engine(EngineSpec(target=tiny["target"].source, drafter=tiny["spm"].source, mode="draft"), loaded=loaded)
-    with pytest.raises(ConfigError, match="no MTP drafter"):
+    with pytest.raises(ConfigError, match="no MTP weights .* vocabbridge train-head"):
         build_engine(EngineSpec(target=tiny["target"].source, drafter="mtp"), loaded=loaded)
 
 

@@ -127,7 +127,7 @@ def test_the_registry_names_every_method_and_builds_engine_drafters():
         else:
             cls = m.engine_class()
             assert issubclass(cls, Drafter) and "from_spec" in vars(cls) | vars(Drafter)
-    assert _command("generate").params[1].help.startswith("What drafts: none, ngram, or")  # mtp: not in the engine
+    assert _command("generate").params[1].help.startswith("What drafts: none, ngram, mtp, or")  # the engine's mtp drafter
     assert "none, ngram, mtp" in _command("serve").params[1].help  # vLLM runs it
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, VocabBridgeError
+from .heads import VLLM_EXPORT, head_target
 from .presets import PRESETS, default_target_for, vocab_family
 from .tokenizer import load_tokenizer, same_vocabulary
 
@@ -196,20 +197,42 @@ class EngineSpec:
             )
         if self.drafter in DRAFTERS and DRAFTERS[self.drafter].uses_model:
             raise ConfigError(f"--drafter {self.drafter} is a mode, not a drafter; write --drafter MODEL --mode {self.drafter}.")
+        if self.drafter_method == "mtp" and self.drafter != "mtp" and not self.drafter_path:
+            raise ConfigError(
+                "--drafter mtp: needs a head folder after the colon (--drafter mtp:heads/NAME), or use --drafter mtp."
+            )
 
     @property
     def target_name(self) -> str:
-        """The target as given, else the drafter preset's own target."""
+        """The target as given, else the drafter preset's own target (or the one an MTP head was trained for)."""
         if self.target:
             return self.target
+        if self.drafter_path and head_target(self.drafter_path):
+            return head_target(self.drafter_path)
         if not self.uses_model:
             raise ConfigError(f"--drafter {self.drafter} needs --target.")
         return default_target_for(self.drafter)
 
     @property
     def uses_model(self) -> bool:
-        """True when ``drafter`` names a model rather than a method (none, ngram, mtp)."""
-        return self.drafter not in DRAFTERS
+        """True when ``drafter`` names a model rather than a method (none, ngram, mtp, mtp:PATH)."""
+        return self.drafter_method not in DRAFTERS
+
+    @property
+    def drafter_method(self) -> str:
+        """``drafter`` without a method's argument: ``mtp:heads/x`` → ``mtp``; anything else unchanged.
+
+        >>> EngineSpec(target="t", drafter="mtp:heads/x").drafter_method, EngineSpec(target="t", drafter="m").drafter_method
+        ('mtp', 'm')
+        """
+        method, sep, _ = self.drafter.partition(":")
+        return method if sep and method == "mtp" else self.drafter
+
+    @property
+    def drafter_path(self) -> str | None:
+        """The head folder of ``--drafter mtp:PATH`` (None for a plain ``mtp``: the checkpoint's own MTP weights)."""
+        method, sep, path = self.drafter.partition(":")
+        return path or None if sep and method == "mtp" else None
 
     def replace(self, **changes) -> EngineSpec:
         return dataclasses.replace(self, **changes)
@@ -298,9 +321,21 @@ def _vllm_ngram(spec, model_for, notes):
 
 
 def _vllm_mtp(spec, model_for, notes):
+    """The checkpoint's own MTP layer; with ``mtp:PATH``, a trained head exported for vLLM
+    (``vocabbridge.heads.export.export_for_vllm`` writes it in ``PATH/vllm``, MiMo's MTP layout)."""
+    if spec.drafter_path:
+        exported = Path(spec.drafter_path).expanduser() / VLLM_EXPORT
+        if not (exported / "config.json").is_file():
+            notes.append(
+                f"{exported} is not written yet: vocabbridge.heads.export.export_for_vllm({spec.drafter_path!r}) writes it"
+            )
+        return {"method": "mtp", "model": str(exported), "num_speculative_tokens": spec.num_speculative_tokens}
     p = PRESETS.get(spec.target_name)
     if p is not None and not p.has_mtp:
-        raise ConfigError(f"{spec.target_name} has no MTP head; use --drafter ngram or a draft model with it.")
+        raise ConfigError(
+            f"{spec.target_name} has no MTP head; use --drafter ngram or a draft model with it, or train a head "
+            f"(vocabbridge train-head --target {spec.target_name} -o heads/NAME) and pass --drafter mtp:heads/NAME."
+        )
     return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens}
 
 
@@ -327,12 +362,6 @@ def _vllm_proposer(name: str):
 
 PROPOSERS = "vocabbridge.vllm.proposers"
 
-MTP_UNSUPPORTED = (
-    "the embedded engine has no MTP drafter: no checkpoint with an MTP head is available to build and test one "
-    "here. Use --backend vllm on a GPU machine (vLLM runs EXAONE 4.5's MTP layer with method 'mtp'), or pick "
-    "--drafter ngram / a small model."
-)
-
 DRAFTERS: dict[str, DrafterMethod] = {
     m.name: m
     for m in [
@@ -351,7 +380,11 @@ DRAFTERS: dict[str, DrafterMethod] = {
             _vllm_ngram,
         ),
         DrafterMethod(
-            "mtp", "the target's own multi-token-prediction head", False, None, _vllm_mtp, engine_missing=MTP_UNSUPPORTED
+            "mtp",
+            "a multi-token-prediction head: the checkpoint's own, or one trained by train-head (mtp:PATH)",
+            False,
+            "vocabbridge.engine.drafters.mtp:MTPDrafter",
+            _vllm_mtp,
         ),
         DrafterMethod(
             "draft",
@@ -396,7 +429,7 @@ def resolve_method(spec: EngineSpec, *, same_vocabulary: bool | None) -> Drafter
     (then auto picks text, which works for any pair).
     """
     if not spec.uses_model:
-        return DRAFTERS[spec.drafter]
+        return DRAFTERS[spec.drafter_method]
     mode = spec.mode
     if mode == "auto":
         mode = "draft" if same_vocabulary else "text"

@@ -21,6 +21,7 @@ COMMANDS = {
     "presets": "vocabbridge.cli.presets_cmd:presets_cmd",
     "bench": "vocabbridge.cli.bench_cmd:bench_cmd",
     "doctor": "vocabbridge.cli.doctor_cmd:doctor_cmd",
+    "train-head": "vocabbridge.cli.train_head_cmd:train_head_cmd",
 }
 
 

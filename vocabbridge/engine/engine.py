@@ -11,6 +11,9 @@
 Every prefill chunk is one step of the generator, so a server interleaves a long prompt with the
 other requests' decode steps and a cancelled request stops at the next chunk.
 
+A drafter that reads the target's hidden states (an MTP head, ``DraftSession.reads_hidden``) gets
+those of every position a target forward feeds (prefill chunks, verifications): no extra pass.
+
 The policies are small named pieces (:class:`BackOff`, :class:`AdaptiveK`): they change what is
 proposed, never what is emitted.
 """
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import RequestError
-from .drafters.base import Drafter, NoDrafter, Proposal
+from .drafters.base import Drafter, DraftSession, NoDrafter, Proposal
 from .model import CausalLM, KVSession
 from .sampling import SamplingParams, logits_to_probs, sample
 from .stats import SpecStats
@@ -136,9 +139,10 @@ class SpecEngine:
         t0 = time.perf_counter()
         stats.prompt_tokens = len(prompt)
         target = self.target.session()
+        session = self.drafter.session(prompt)
 
         # prefill → the first token
-        logits = yield from self._prefill(target, prompt, stats)
+        logits = yield from self._prefill(target, prompt, stats, session)
         tok = self._pick(logits[-1], params, gen)
         stats.time_prefill = stats.ttft = time.perf_counter() - t0
         stats.generated = 1
@@ -149,7 +153,6 @@ class SpecEngine:
             stats.time_total = time.perf_counter() - t0
             return
 
-        session = self.drafter.session(prompt)
         backoff = BackOff(self.backoff)
         k = AdaptiveK(self.k, self.k_max, self.adaptive_k)
         try:
@@ -171,7 +174,7 @@ class SpecEngine:
 
                 # verify: one target forward over the last committed token and the draft, [n+1, V] logits
                 before = len(target)
-                logits = target.extend([tok] + draft, keep=len(draft) + 1)
+                logits = self._extend(target, [tok] + draft, len(draft) + 1, session)
                 stats.target_forwards += 1
                 n_acc, nxt = verify(logits, draft, proposal.probs, params, gen)
                 target.truncate(before + 1 + n_acc)  # roll back the rejected draft tokens
@@ -226,15 +229,26 @@ class SpecEngine:
                 f"of {self.target.max_context} tokens; shorten the prompt or lower max_tokens."
             )
 
-    def _prefill(self, target: KVSession, prompt: list[int], stats: SpecStats):
+    def _prefill(self, target: KVSession, prompt: list[int], stats: SpecStats, session: DraftSession):
         """Feed the prompt in chunks, yielding an empty step between them; returns the last logits [1, V]."""
         n = self.prefill_chunk
         for start in range(0, len(prompt), n):
-            logits = target.extend(prompt[start : start + n], keep=1)
+            logits = self._extend(target, prompt[start : start + n], 1, session)
             stats.prefill_chunks += 1
             if start + n < len(prompt):
                 yield StepOutput([])
         stats.target_forwards += 1  # the prefill counts as one target pass, however many chunks
+        return logits
+
+    @staticmethod
+    def _extend(target: KVSession, tokens: list[int], keep: int, session: DraftSession) -> torch.Tensor:
+        """One target forward ([keep, V] logits); a drafter that reads the target's hidden states (an
+        MTP head) gets those of the fed positions from the same forward: no extra target pass."""
+        if not session.reads_hidden:
+            return target.extend(tokens, keep=keep)
+        start = len(target)
+        logits, hidden = target.extend(tokens, keep=keep, hidden=True)
+        session.observe_hidden(start, hidden)
         return logits
 
     @staticmethod

@@ -168,6 +168,13 @@ class CausalLM:
     def session(self) -> KVSession:
         return KVSession(self)
 
+    @functools.cached_property
+    def final_norm(self) -> torch.nn.Module:
+        """The decoder's final norm (its output is what the lm_head reads: an MTP head's input)."""
+        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        base = getattr(base, "language_model", base) if not hasattr(base, "norm") else base
+        return base.norm
+
     @property
     def name(self) -> str:
         return Path(self.source).name or self.source
@@ -256,8 +263,13 @@ class KVSession:
         return len(self.ids)
 
     @torch.inference_mode()
-    def extend(self, tokens: list[int], *, keep: int = 1) -> torch.Tensor:
-        """Feed ``tokens``; return float32 logits of the last ``keep`` positions: [keep, V]."""
+    def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool = False):
+        """Feed ``tokens``; return float32 logits of the last ``keep`` positions: [keep, V].
+
+        ``hidden=True`` returns ``(logits, hidden)``, hidden being the final hidden state (after the
+        final norm: what the lm_head reads) of every fed position, [len(tokens), d], from the same
+        forward: what an MTP head drafts from.
+        """
         if not tokens:
             raise ValueError("extend() needs at least one token")
         if len(self.ids) + len(tokens) > self.lm.max_context:
@@ -267,10 +279,17 @@ class KVSession:
             )
         x = torch.tensor([tokens], dtype=torch.long, device=self.lm.device)  # [1, S]
         kv = {self.lm.cache_kwarg: self.cache}
-        out = self.lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **kv)
+        seen: list[torch.Tensor] = []  # the final norm's output, caught on its way to the lm_head
+        hook = self.lm.final_norm.register_forward_hook(lambda m, i, o: seen.append(o)) if hidden else None
+        try:
+            out = self.lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **kv)
+        finally:
+            if hook is not None:
+                hook.remove()
         self.lm.forwards += 1
         self.ids.extend(tokens)
-        return out.logits[0, -keep:].float()  # [keep, V]
+        logits = out.logits[0, -keep:].float()  # [keep, V]
+        return (logits, seen[-1][0].float()) if hidden else logits
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` cached tokens (rollback after a rejection)."""

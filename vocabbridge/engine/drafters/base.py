@@ -22,6 +22,12 @@ class DraftSession:
     """Per-request drafting state."""
 
     forwards: int = 0  # drafter model forwards so far
+    reads_hidden: bool = False  # True: the engine hands it the target's hidden states (an MTP head)
+
+    def observe_hidden(self, start: int, hidden: torch.Tensor) -> None:
+        """The target's final hidden states [n, d] of positions ``start`` … ``start + n - 1``, from
+        the forward that just ran (a verification's rejected positions among them: later forwards
+        overwrite those). Called only when ``reads_hidden``."""
 
     def warm(self, context: list[int], chunk: int) -> Iterator[None]:
         """Prefill the drafter on ``context`` in chunks of ``chunk`` tokens, yielding between them,

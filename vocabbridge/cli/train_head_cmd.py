@@ -1,0 +1,105 @@
+"""``vocabbridge train-head``: parse, train (vocabbridge/heads/train.py), render."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+
+from ..heads.export import export_for_vllm
+from ..heads.train import Recipe, train_head
+from ..report import Section, fmt_int, fmt_pct, print_sections, to_json
+from .common import OUTPUT_DIR
+
+_DEFAULTS = Recipe()
+
+
+def _opt(name: str, help: str, **kw):
+    return click.option(f"--{name.replace('_', '-')}", name, default=getattr(_DEFAULTS, name), show_default=True, help=help, **kw)
+
+
+@click.command("train-head")
+@click.option("--target", required=True, metavar="MODEL", help="The target: a preset, a model folder, a .gguf file or a hub id.")
+@click.option("-o", "--output", required=True, type=OUTPUT_DIR, help="The head folder to write (heads/NAME).")
+@click.option("--prompts", type=click.Path(exists=True, dir_okay=False), help="JSONL training prompts (bench format).")
+@_opt("max_prompts", "Use the first N prompts (all by default).", type=click.IntRange(1))
+@_opt("new_tokens", "Greedy tokens generated per prompt.", type=click.IntRange(1))
+@_opt("gen_batch", "Prompts per generation batch (0: 12 on a CPU, 64 on a GPU).", type=click.IntRange(0))
+@_opt("top_k", "Soft labels (target probabilities) kept per position.", type=click.IntRange(1))
+@_opt(
+    "draft_vocab", "Draft vocabulary: the N target tokens the data uses most (0: the whole vocabulary).", type=click.IntRange(0)
+)
+@_opt("depth", "Chained draft steps trained (the head re-runs on its own output).", type=click.IntRange(1, 8))
+@_opt("epochs", "Passes over the training data.", type=click.IntRange(1))
+@_opt("batch_tokens", "Positions per optimizer step.", type=click.IntRange(16))
+@_opt("lr", "Peak learning rate (AdamW; linear warm-up, cosine decay).", type=click.FloatRange(0, min_open=True))
+@_opt("heldout", "Share of prompts held out for the evaluation.", type=click.FloatRange(0, 1, max_open=True))
+@_opt("seed", "Random seed (data split, batch order, initialisation).", type=int)
+@_opt("eval_k", "Draft positions evaluated.", type=click.IntRange(1, 16))
+@_opt(
+    "budget_minutes",
+    "Time-box the whole run, data included: data generation stops at its share, training plans the steps that fit "
+    "(0: no budget; the recipe for Qwen2.5-Coder-1.5B on 2 CPU cores is 45).",
+    type=click.FloatRange(0),
+)
+@_opt("data_share", "Share of --budget-minutes for data generation.", type=click.FloatRange(0, 1, min_open=True, max_open=True))
+@_opt(
+    "dtype",
+    "auto (bfloat16 data generation and autocast), float32 (exact, slower) or bfloat16.",
+    type=click.Choice(["auto", "float32", "bfloat16"]),
+)
+@_opt("device", "auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …", type=str)
+@click.option("--restart", is_flag=True, help="Discard the training checkpoint (the generated data is kept).")
+@click.option("--export-vllm", is_flag=True, help="Also write the head for vLLM (OUTPUT/vllm, MiMo's MTP layout).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def train_head_cmd(target, output: Path, prompts, restart, export_vllm, as_json, **recipe):
+    """Train an MTP draft head for TARGET on its own greedy outputs (self-distillation).
+
+    The head (DeepSeek-V3's MTP module: the target's last hidden state and the next token's
+    embedding, normalized, concatenated, projected, one decoder layer of the target's own
+    architecture, the target's lm_head) drafts with --drafter mtp:OUTPUT. Generated data and
+    checkpoints live in OUTPUT/train; running the same command again resumes.
+
+    \b
+    Examples:
+      vocabbridge train-head --target qwen2.5-coder-1.5b -o heads/qwen2.5-coder-1.5b --budget-minutes 45
+      vocabbridge generate --target qwen2.5-coder-1.5b --drafter mtp:heads/qwen2.5-coder-1.5b -k 3 -p "Hi" --compare-plain
+      vocabbridge train-head --target smollm2-135m -o heads/smollm2 --max-prompts 40 --epochs 2 --export-vllm
+    """
+    r = Recipe(prompts=prompts, **recipe)
+    result = train_head(target, output, r, restart=restart, quiet=as_json)
+    spec = export_for_vllm(output, num_speculative_tokens=r.eval_k) if export_vllm else None
+    if as_json:
+        out = {
+            "folder": str(output),
+            "recipe": dataclasses.asdict(r),
+            "eval": result.eval,
+            "timings_s": result.timings,
+            "tokens": result.tokens,
+            "vllm": spec,
+        }
+        click.echo(to_json(out))
+        return
+    ev = result.eval
+    full = ev.get("acceptance_per_position_full_vocab")
+    columns = ["", "draft vocabulary (our engine)"] + (["whole vocabulary (the vLLM export)"] if full else [])
+    rows = [
+        [f"position {i + 1}", fmt_pct(a)] + ([fmt_pct(full[i])] if full else [])
+        for i, a in enumerate(ev.get("acceptance_per_position", []))
+    ]
+    if ev:
+        mal = [f"{ev['mean_acceptance_length']:.2f}"] + ([f"{ev['mean_acceptance_length_full_vocab']:.2f}"] if full else [])
+        rows.append(["mean acceptance length", *mal])
+        rows.append(["held-out draft windows", fmt_int(ev["positions"])] + ([""] if full else []))
+    notes = [
+        "timings: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.timings.items()),
+        f"data: {fmt_int(result.tokens['positions'])} positions ({fmt_int(result.tokens['generated'])} generated) "
+        f"in {result.tokens['sequences']} sequences",
+        f"wrote {output}/head.safetensors, config.json; curves in {output}/train/loss.png, acceptance.png",
+        f"draft with it: --drafter mtp:{output}",
+    ]
+    if spec:
+        notes.append(f"vLLM: --speculative-config '{json.dumps(spec, separators=(',', ':'))}'")
+    print_sections([Section("Held-out greedy acceptance (the target's own continuations)", columns, rows, notes)])

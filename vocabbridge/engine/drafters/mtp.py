@@ -1,0 +1,188 @@
+"""The ``mtp`` drafter: an MTP head drafting from the target's own hidden states.
+
+``--drafter mtp:heads/NAME`` loads a head trained by ``vocabbridge train-head``; ``--drafter mtp``
+loads the MTP weights of the target's own checkpoint (DeepSeek-V3, EXAONE 4.5, Qwen3.5, MiMo
+layouts: vocabbridge/heads/layouts.py).
+
+No extra target pass: every target forward of the engine (prefill chunks, verifications) hands the
+session the hidden states of the positions it fed (``observe_hidden``). The head keeps one KV
+cache over its own positions, where position i holds the pair (h_i, x_{i+1}), and a pair is fed
+only once both are committed. A proposal:
+
+    feed the committed pairs not fed yet    → the last one's output g predicts the first draft token
+    then k−1 times: feed (g, draft token)    → the next draft token (the layer re-runs on its own output)
+
+The k−1 speculative entries are cropped from the head's cache at the next proposal, whatever was
+accepted (rollback, as the other sessions do). Greedy output is the target's own (the target
+verifies every token); when sampling, the head's q goes to rejection sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ...errors import ConfigError, RequestError
+from ...heads.layouts import checkpoint_files, head_from_weights, read_mtp_weights
+from ...heads.model import MTPHead, causal_mask, target_parts
+from ...heads.store import load_head
+from ..model import quantize_int8
+from ..sampling import SamplingParams, logits_to_probs, sample
+from .base import Drafter, DraftSession, Proposal
+
+
+class _MTPSession(DraftSession):
+    reads_hidden = True
+
+    def __init__(self, d: MTPDrafter):
+        self.d = d
+        self.cache = DynamicCache()
+        self.fed = 0  # committed pairs in the head's cache: positions 0 … fed-1
+        self.cached = 0  # entries in the head's cache: the committed pairs, then a proposal's speculative ones
+        self.rows = torch.empty(0, d.hidden_size, device=d.device)  # target hidden states of positions rows_start …
+        self.rows_start = 0
+        self.forwards = 0
+
+    def observe_hidden(self, start, hidden):
+        assert start >= self.rows_start, "a target forward starts at the last committed token, after every fed pair"
+        self.rows = torch.cat([self.rows[: start - self.rows_start], hidden.float()])
+
+    @torch.inference_mode()
+    def _feed(self, context: list[int], upto: int) -> torch.Tensor | None:
+        """Feed the committed pairs [fed, upto) (after cropping speculative entries); the last one's output [d]."""
+        self._crop()
+        n = upto - self.fed
+        if n <= 0:
+            return None
+        lo = self.fed - self.rows_start
+        if lo < 0 or lo + n > len(self.rows):
+            raise RequestError(
+                "the mtp drafter has no target hidden states for these positions: it drafts inside the engine's "
+                "generate loop only (eval-drafter cannot score it; train-head reports its held-out acceptance)."
+            )
+        dev = self.d.device
+        hidden = self.rows[lo : lo + n].to(dev, self.d.dtype)[None]  # [1, n, d]
+        tokens = torch.tensor([context[self.fed + 1 : upto + 1]], device=dev)  # [1, n]
+        positions = torch.arange(self.fed, upto, device=dev)[None]  # [1, n]
+        mask = causal_mask(n, self.fed, device=dev)
+        g = self.d.head(hidden, tokens, positions, cache=self.cache, mask=mask)[0, -1]
+        self.forwards += 1
+        self.rows, self.rows_start = self.rows[lo + n :], upto  # fed rows are no longer needed
+        self.fed = self.cached = upto
+        return g
+
+    def _crop(self) -> None:
+        """Drop the speculative entries the last proposal left after the committed pairs."""
+        if self.cached > self.fed:
+            self.cache.crop(-(self.cached - self.fed))  # negative = remove that many (across transformers versions)
+            self.cached = self.fed
+
+    def warm(self, context, chunk):
+        upto = len(context) - 2  # every pair but the last, which propose() feeds for its first token
+        while self.fed < upto:
+            self._feed(context, min(upto, self.fed + chunk))
+            yield
+
+    @torch.inference_mode()
+    def propose(self, context, k, params: SamplingParams, generator):
+        g = self._feed(context, len(context) - 1)
+        if g is None:
+            return Proposal([])
+        d, head = self.d, self.d.head
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []  # the head's q of each sampled token (sampling only)
+        survive = 1.0
+        for i in range(k):
+            logits = head.logits(g.view(1, -1))[0]  # [V_draft] (int8 linears want 2-D input)
+            if params.greedy:
+                j = int(logits.argmax())
+                conf = float(torch.softmax(logits, -1)[j]) if d.min_confidence > 0 else 1.0
+            else:
+                probs = logits_to_probs(logits, params)
+                j = sample(probs, generator)
+                conf = float(probs.max())
+                dists.append(probs)
+            survive *= conf
+            if survive < d.min_confidence:
+                dists = dists[: len(tokens)]
+                break
+            tok = d.to_target(j)
+            tokens.append(tok)
+            if tok in d.stop_ids or i == k - 1:
+                break
+            pos = len(context) - 1 + i  # the draft token's pair sits one position after the last
+            step = head(
+                g.view(1, 1, -1), torch.tensor([[tok]], device=d.device), torch.tensor([[pos]], device=d.device), cache=self.cache
+            )
+            self.forwards += 1
+            self.cached += 1
+            g = step[0, -1]
+        return Proposal(tokens, d.scatter(torch.stack(dists)) if dists else None)
+
+
+class MTPDrafter(Drafter):
+    """Drafts with an MTP head (ours or a checkpoint's) over the target's hidden states."""
+
+    name = "mtp"
+    uses_model = False
+
+    def __init__(self, head: MTPHead, *, target_vocab_size: int, stop_ids=(), min_confidence: float = 0.0, source: str = ""):
+        self.head = head.eval()
+        self.target_vocab = target_vocab_size
+        self.stop_ids = frozenset(stop_ids)
+        self.min_confidence = min_confidence
+        self.source = source
+        self.hidden_size = head.parts.hidden_size
+        self.device = head.parts.embed.weight.device
+        self.dtype = head.enorm.weight.dtype  # activations (int8 heads keep fp32 norms and activations)
+        self.d2t = head.d2t.tolist() if head.d2t is not None else None
+
+    @classmethod
+    def from_spec(cls, spec, target, drafter_lm):
+        parts = target_parts(target.model)
+        if spec.drafter_path:
+            head = load_head(spec.drafter_path, parts, tokenizer_fingerprint=target.view.fingerprint, source=target.source)
+            source = spec.drafter_path
+        else:
+            layout, weights = read_mtp_weights(checkpoint_files(target.source), num_layers=parts.num_layers)
+            if layout is None:
+                raise ConfigError(
+                    f"{target.source} has no MTP weights in its checkpoint, so --drafter mtp has no head to load. "
+                    f"Train one: vocabbridge train-head --target {spec.target_name} -o heads/NAME, then "
+                    f"--drafter mtp:heads/NAME."
+                )
+            head = head_from_weights(parts, layout, weights, source=target.source).to(target.device)
+            source = f"{target.source} ({layout} MTP weights)"
+        dtype = spec.drafter_dtype if spec.drafter_dtype != "auto" else ("int8" if target.device == "cpu" else None)
+        if dtype == "int8":
+            head = quantize_int8(head)
+        elif dtype not in (None, "float32", "fp32"):
+            head = head.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)))
+        roles = target.view.roles
+        stops = [roles[r] for r in ("eos", "end_of_turn") if r in roles]
+        return cls(head, target_vocab_size=target.vocab_size, stop_ids=stops, min_confidence=spec.min_confidence, source=source)
+
+    def to_target(self, j: int) -> int:
+        """Draft id → target id."""
+        return j if self.d2t is None else self.d2t[j]
+
+    def scatter(self, probs: torch.Tensor) -> torch.Tensor:
+        """[n, V_draft] → [n, V_target] (zero outside the draft vocabulary)."""
+        out = probs.new_zeros((probs.shape[0], self.target_vocab))
+        if self.head.d2t is not None:
+            out[:, self.head.d2t.to(probs.device)] = probs
+        else:
+            n = min(self.target_vocab, probs.shape[-1])
+            out[:, :n] = probs[:, :n]
+        return out
+
+    def session(self, prompt):
+        return _MTPSession(self)
+
+    def describe(self):
+        return {
+            "name": self.name,
+            "head": self.source,
+            "draft_vocab_size": self.head.draft_vocab_size,
+            "min_confidence": self.min_confidence,
+        }

@@ -1,0 +1,29 @@
+"""MTP draft heads: train one for any causal LM, draft with it, export it for vLLM.
+
+- ``model.py``: the head (DeepSeek-V3's MTP module on a decoder layer of the target's own class);
+- ``layouts.py``: real checkpoints' MTP weights (DeepSeek-V3, EXAONE 4.5 / Qwen3.5, MiMo);
+- ``store.py``: a trained head on disk, refused for another target;
+- ``data.py``: self-distillation data (the target's greedy continuations, hidden states, top-k);
+- ``train.py``: the training loop, held-out acceptance, curves, checkpoints;
+- ``export.py``: the head as a checkpoint vLLM serves (``export_for_vllm``).
+
+The engine's drafter is ``vocabbridge/engine/drafters/mtp.py`` (``--drafter mtp[:PATH]``). This
+package's ``__init__`` imports nothing heavy (``vocabbridge.spec`` reads it without torch).
+"""
+
+import json
+from pathlib import Path
+
+VLLM_EXPORT = "vllm"  # the vLLM export's folder inside a head folder (heads/NAME/vllm)
+
+
+def head_target(folder: str | Path) -> str | None:
+    """The target a head folder was trained for, as given to train-head (None when unreadable).
+
+    >>> head_target("no/such/head") is None
+    True
+    """
+    try:
+        return json.loads((Path(folder).expanduser() / "config.json").read_text(encoding="utf-8"))["target"]["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,289 @@
+"""Self-distillation data for an MTP head: the target's own greedy continuations of chat prompts,
+with the target's final hidden state and its top-k next-token distribution at every position.
+
+One batched greedy decode gives everything (no second pass): its prefill yields the prompt
+positions' features, each decode step the features of the token it feeds. Batching is what makes
+this affordable on a CPU (the engine serves one request at a time; a forward over 8–16 rows costs
+little more than one, decoding being bound by reading the weights).
+
+Per sequence of n tokens (prompt + continuation), positions 0 … n−2 carry features::
+
+    tokens   [n]        int64    prompt + the target's greedy continuation
+    hidden   [n−1, d]   float16  final hidden state after tokens[i] (what the lm_head reads)
+    topk_ids [n−1, K]   int32    the target's K likeliest next tokens after tokens[:i+1]
+    topk_p   [n−1, K]   float16  their probabilities (the soft labels)
+    gen_start           int      index of the first generated token
+
+Shards (one per generation batch) are safetensors files under ``train/data/``; a manifest lists the
+finished ones, so an interrupted run resumes after the last finished batch.
+
+>>> seqs = generate_batch(model, [ids_a, ids_b], max_new_tokens=64, stop_ids={2}, top_k=20)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import DynamicCache
+
+from ..bench.prompts import Prompt, load_prompts
+from ..chat import render_chat
+from ..errors import InputFileError
+from ..util import atomic_write_text
+from .model import decoder_of
+from .store import save_tensors
+
+DATA_DIR = "data"
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Sequence:
+    tokens: torch.Tensor  # [n] int64
+    hidden: torch.Tensor  # [n-1, d] float16
+    topk_ids: torch.Tensor  # [n-1, K] int32
+    topk_p: torch.Tensor  # [n-1, K] float16
+    gen_start: int
+    prompt_id: str = ""
+
+    @property
+    def positions(self) -> int:
+        return self.hidden.shape[0]
+
+
+# ==== prompts ====================================================================================
+
+
+def builtin_train_prompts() -> Path:
+    return Path(str(resources.files("vocabbridge") / "data" / "train_prompts.jsonl"))
+
+
+def render_prompts(view, prompts: list[Prompt]) -> list[tuple[str, list[int]]]:
+    """(id, token ids) per prompt, chat template applied; where the template knows
+    ``enable_thinking``, prompts alternate thinking on and off (ids end in ``+think`` / ``-think``)."""
+    thinking = "enable_thinking" in (view.chat_template or "")
+    out = []
+    for i, p in enumerate(prompts):
+        kw = {"enable_thinking": i % 2 == 0} if thinking else {}
+        pid = p.id + ("" if not thinking else "+think" if i % 2 == 0 else "-think")
+        out.append((pid, view.encode(render_chat(view, list(p.messages), **kw))))
+    return out
+
+
+def training_prompts(path: str | Path | None = None) -> list[Prompt]:
+    """The training prompt set (the built-in one, kept apart from the bench suite, by default)."""
+    path = Path(path) if path is not None else builtin_train_prompts()
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such prompt file; pass a JSONL prompt file (vocabbridge bench's format).")
+    return load_prompts(path)
+
+
+# ==== generation =================================================================================
+
+
+def _topk(model, hidden: torch.Tensor, k: int, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[n, d] hidden → (argmax [n], topk ids [n, k] int32, topk probs [n, k] fp16), in chunks (the
+    full-vocabulary logits of a long prompt would not fit)."""
+    head = model.get_output_embeddings()
+    cap = getattr(getattr(model.config, "get_text_config", lambda: model.config)(), "final_logit_softcapping", None)
+    ids, ps = [], []
+    for s in range(0, hidden.shape[0], chunk):
+        logits = head(hidden[s : s + chunk]).float()
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        p, i = torch.softmax(logits, -1).topk(k, dim=-1)
+        ids.append(i.int())
+        ps.append(p.half())
+    ids_t, ps_t = torch.cat(ids), torch.cat(ps)
+    return ids_t[:, 0].long(), ids_t, ps_t
+
+
+@torch.inference_mode()
+def generate_batch(
+    model, prompts: list[list[int]], *, max_new_tokens: int, stop_ids: set[int], top_k: int, pad_id: int = 0
+) -> list[Sequence]:
+    """Greedy continuations of ``prompts`` (left-padded into one batch) with their features."""
+    dev = model.get_input_embeddings().weight.device
+    base = decoder_of(model)
+    b, t = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, t), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p) :] = torch.tensor(p)
+        mask[i, t - len(p) :] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    kw = {"cache" if "cache" in _forward_params(base) else "past_key_values": cache}
+    h = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw).last_hidden_state  # [b, t, d]
+
+    hid: list[list[torch.Tensor]] = [[h[i, t - len(p) :].half().cpu()] for i, p in enumerate(prompts)]
+    tk_ids: list[list[torch.Tensor]] = []
+    tk_p: list[list[torch.Tensor]] = []
+    nxt = []
+    for i, p in enumerate(prompts):
+        best, ti, tp = _topk(model, h[i, t - len(p) :], top_k)
+        tk_ids.append([ti.cpu()])
+        tk_p.append([tp.cpu()])
+        nxt.append(int(best[-1]))
+    out_tokens = [[x] for x in nxt]
+    done = [x in stop_ids or max_new_tokens == 1 for x in nxt]
+    last_pos = pos[:, -1]
+    for _ in range(max_new_tokens - 1):
+        if all(done):
+            break
+        step = torch.tensor(nxt, device=dev)[:, None]  # [b, 1]
+        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+        last_pos = last_pos + 1
+        h = base(input_ids=step, attention_mask=mask, position_ids=last_pos[:, None], use_cache=True, **kw).last_hidden_state
+        best, ti, tp = _topk(model, h[:, -1], top_k)
+        for i in range(b):
+            if done[i]:
+                continue
+            hid[i].append(h[i, -1:].half().cpu())
+            tk_ids[i].append(ti[i : i + 1].cpu())
+            tk_p[i].append(tp[i : i + 1].cpu())
+            nxt[i] = int(best[i])
+            out_tokens[i].append(nxt[i])
+            done[i] = nxt[i] in stop_ids or len(out_tokens[i]) >= max_new_tokens
+    return [
+        Sequence(
+            tokens=torch.tensor(p + out_tokens[i]),
+            hidden=torch.cat(hid[i]),
+            topk_ids=torch.cat(tk_ids[i]),
+            topk_p=torch.cat(tk_p[i]),
+            gen_start=len(p),
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _forward_params(module) -> set[str]:
+    return set(inspect.signature(module.forward).parameters)
+
+
+# ==== shards on disk =============================================================================
+
+
+def save_shard(seqs: list[Sequence], path: Path) -> None:
+    """One generation batch's sequences as one safetensors file (concatenated, with offsets)."""
+    lengths = torch.tensor([len(s.tokens) for s in seqs])
+    state = {
+        "tokens": torch.cat([s.tokens for s in seqs]),
+        "hidden": torch.cat([s.hidden for s in seqs]).contiguous(),
+        "topk_ids": torch.cat([s.topk_ids for s in seqs]).contiguous(),
+        "topk_p": torch.cat([s.topk_p for s in seqs]).contiguous(),
+        "lengths": lengths,
+        "gen_start": torch.tensor([s.gen_start for s in seqs]),
+    }
+    save_tensors(state, path, metadata={"prompt_ids": json.dumps([s.prompt_id for s in seqs])})
+
+
+def load_shard(path: Path) -> list[Sequence]:
+    with safe_open(str(path), "pt") as f:
+        ids = json.loads(f.metadata().get("prompt_ids", "[]"))
+        st = {k: f.get_tensor(k) for k in f.keys()}
+    out, a, b = [], 0, 0  # a: token offset, b: feature offset
+    for i, (n, g) in enumerate(zip(st["lengths"].tolist(), st["gen_start"].tolist())):
+        out.append(
+            Sequence(
+                tokens=st["tokens"][a : a + n],
+                hidden=st["hidden"][b : b + n - 1],
+                topk_ids=st["topk_ids"][b : b + n - 1],
+                topk_p=st["topk_p"][b : b + n - 1],
+                gen_start=g,
+                prompt_id=ids[i] if i < len(ids) else "",
+            )
+        )
+        a, b = a + n, b + n - 1
+    return out
+
+
+@dataclass
+class DataPlan:
+    """Which prompts go into which generation batch (sorted by length: little padding)."""
+
+    batches: list[list[tuple[str, list[int]]]]
+
+    @classmethod
+    def make(cls, rendered: list[tuple[str, list[int]]], *, batch_size: int, seed: int) -> DataPlan:
+        order = sorted(rendered, key=lambda r: (len(r[1]), r[0]))
+        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        random.Random(seed).shuffle(batches)  # a budget cut short still sees every kind of prompt
+        return cls(batches)
+
+
+def generate_data(
+    model,
+    plan: DataPlan,
+    folder: Path,
+    *,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    top_k: int,
+    pad_id: int,
+    progress,
+    deadline: float | None = None,
+) -> list[Path]:
+    """Generate every batch of ``plan`` not already on disk under ``folder`` (with a ``deadline``
+    on ``time.perf_counter()``, no batch that would end after it starts, two batches at least);
+    returns the shard paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest_path = folder / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"shards": {}}
+    paths: list[Path] = []
+    spent: list[float] = []
+    for n, batch in enumerate(plan.batches):
+        name = f"shard-{n:05d}.safetensors"
+        key = ",".join(pid for pid, _ in batch)
+        if manifest["shards"].get(name) == key and (folder / name).is_file():
+            paths.append(folder / name)
+            progress.update(len(batch), batch=f"{n + 1} (on disk)")
+            continue
+        if deadline is not None and len(paths) >= 2 and spent and time.perf_counter() + max(spent) > deadline:
+            break
+        t = time.perf_counter()
+        seqs = generate_batch(
+            model, [ids for _, ids in batch], max_new_tokens=max_new_tokens, stop_ids=stop_ids, top_k=top_k, pad_id=pad_id
+        )
+        for s, (pid, _) in zip(seqs, batch):
+            s.prompt_id = pid
+        save_shard(seqs, folder / name)
+        manifest["shards"][name] = key
+        atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
+        paths.append(folder / name)
+        spent.append(time.perf_counter() - t)
+        new = sum(len(s.tokens) - s.gen_start for s in seqs)
+        progress.update(len(batch), batch=n + 1, generated=new, s_per_batch=spent[-1])
+    return paths
+
+
+# ==== the draft vocabulary ========================================================================
+
+
+def draft_vocabulary(seqs: list[Sequence], *, size: int, vocab_size: int, always: set[int]) -> torch.Tensor:
+    """The ``size`` target ids the head drafts over: those the data uses most (each occurrence as
+    a token, plus the probability mass the target's top-k gives it), the stop tokens always, then
+    the lowest ids (byte-level BPE ranks frequent merges first). Sorted by id.
+
+    >>> s = Sequence(torch.tensor([5, 6, 5]), torch.zeros(2, 4), torch.tensor([[5, 7], [6, 5]]).int(), torch.ones(2, 2).half(), 1)
+    >>> draft_vocabulary([s], size=4, vocab_size=100, always={99}).tolist()
+    [5, 6, 7, 99]
+    """
+    if size <= 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    score = torch.zeros(vocab_size, dtype=torch.float64)
+    for s in seqs:
+        score.index_add_(0, s.tokens.clamp(max=vocab_size - 1), torch.ones(len(s.tokens), dtype=torch.float64))
+        score.index_add_(0, s.topk_ids.long().flatten().clamp(max=vocab_size - 1), s.topk_p.double().flatten())
+    score[list(always)] = float("inf")
+    score += torch.linspace(1e-9, 0, vocab_size, dtype=torch.float64)  # ties and unseen ids: lower id first
+    return score.topk(size).indices.sort().values

@@ -1,0 +1,146 @@
+"""A trained head as a checkpoint vLLM serves: MiMo's MTP layout (``method: mtp``).
+
+vLLM has no MTP class for Qwen2 or Llama targets, but MiMo (``mimo_mtp.py``) is a Qwen2 model with
+exactly our head on a Qwen2 decoder layer: ``token_layernorm`` (enorm), ``hidden_layernorm``
+(hnorm), ``input_proj`` (eh_proj, with the halves in [hidden, embedding] order), ``mtp_block``
+(the layer), ``final_layernorm`` (norm). A folder whose config names ``MiMoForCausalLM`` is turned
+by vLLM's ``SpeculativeConfig.hf_config_override`` into ``MiMoMTPModel``, so::
+
+    --speculative-config '{"method": "mtp", "model": "heads/NAME/vllm", "num_speculative_tokens": 3}'
+
+serves the head beside any Qwen2 or Llama target (a Llama layer is a Qwen2 layer with zero q/k/v
+biases). vLLM re-runs the one layer for k > 1, on its own output, as our engine does, and shares
+the target's embedding and lm_head with it (the copies written here only satisfy its loader's
+completeness check). The export drafts over the whole vocabulary: MiMo's layout has no draft
+vocabulary (``train-head`` reports the held-out acceptance of both).
+
+EAGLE (``llama_eagle.py``) cannot hold this head: its fc takes un-normalized inputs and its layer
+has no input norm; EAGLE-3 normalizes the two inputs but feeds their concatenation to a 2d-wide
+attention with the hidden state as residual. Neither computes enorm/hnorm → eh_proj → layer.
+
+>>> export_for_vllm("heads/qwen2.5-coder-1.5b")  # doctest: +SKIP
+{'method': 'mtp', 'model': 'heads/qwen2.5-coder-1.5b/vllm', 'num_speculative_tokens': 3}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from ..engine.convert import converted_folder
+from ..errors import ConfigError, ModelLoadError
+from ..presets import resolve_model
+from ..util import atomic_write_text
+from . import VLLM_EXPORT
+from .layouts import checkpoint_files
+from .store import WEIGHTS_FILE, read_head_config, save_tensors
+
+HOSTS = ("qwen2", "llama", "mistral")  # targets whose decoder layer vLLM's MiMo MTP layer (Qwen2's) reproduces
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def target_folder(source: str, resolved: str | None = None) -> Path:
+    """The HF folder holding the target's config and weights (a GGUF file's converted folder): the
+    file or folder the head was trained from when it is still there, else ``source`` resolved here."""
+    here = Path(resolved).expanduser() if resolved else None
+    p = here if here is not None and here.exists() else Path(resolve_model(source)).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return converted_folder(p)
+    if p.is_dir():
+        return p
+    files = checkpoint_files(str(p))
+    if not files:
+        raise ModelLoadError(
+            f"{source}: no local checkpoint (folder, .gguf file or hub cache) to read the target's config from; "
+            "set VOCABBRIDGE_MODELS for a preset, or download the model."
+        )
+    return files[0].parent
+
+
+def _target_tensor(files: list[Path], names: tuple[str, ...]) -> torch.Tensor:
+    for f in files:
+        with safe_open(str(f), "pt") as sf:
+            for name in names:
+                if name in sf.keys():
+                    return sf.get_tensor(name)
+    raise ModelLoadError(f"the target checkpoint has none of {', '.join(names)}.")
+
+
+def mimo_state(head_state: dict[str, torch.Tensor], *, hidden_size: int) -> dict[str, torch.Tensor]:
+    """Our head's tensors under MiMo's MTP names (``model.mtp_layers.0.*``), q/k/v biases added
+    where the layer has none (a Llama layer in vLLM's Qwen2 layer)."""
+    prefix = "model.mtp_layers.0."
+    own = {"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "eh_proj": "input_proj", "norm": "final_layernorm"}
+    out = {}
+    for key, t in head_state.items():
+        module, _, param = key.partition(".")
+        if module in own:
+            if module == "eh_proj":  # ours is [embedding, hidden]; MiMo's is [hidden, embedding]
+                t = torch.cat([t[:, hidden_size:], t[:, :hidden_size]], dim=1)
+            out[f"{prefix}{own[module]}.{param}"] = t
+        elif module == "layer":
+            out[prefix + param] = t
+    for proj in QKV:
+        w = out.get(f"{prefix}self_attn.{proj}.weight")
+        if w is not None and f"{prefix}self_attn.{proj}.bias" not in out:
+            out[f"{prefix}self_attn.{proj}.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
+    return out
+
+
+def export_for_vllm(head_dir: str | Path, out_dir: str | Path | None = None, *, num_speculative_tokens: int = 3) -> dict:
+    """Write ``head_dir``'s head as a MiMo-layout MTP checkpoint (default ``head_dir/vllm``) and
+    return the ``--speculative-config`` that serves it."""
+    head_dir = Path(head_dir).expanduser()
+    out_dir = Path(out_dir).expanduser() if out_dir is not None else head_dir / VLLM_EXPORT
+    cfg = read_head_config(head_dir)
+    tgt = cfg["target"]
+    folder = target_folder(tgt["source"], tgt.get("resolved"))
+    target_cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    text_cfg = target_cfg.get("text_config", target_cfg)
+    if text_cfg.get("model_type") not in HOSTS:
+        raise ConfigError(
+            f"vLLM serves our heads through MiMo's MTP layout, whose layer is a Qwen2 layer; a {text_cfg.get('model_type')} "
+            f"head cannot be exported (targets: {', '.join(HOSTS)}). Serve this target with --backend embedded "
+            f"--drafter mtp:{head_dir}."
+        )
+    state = load_file(str(head_dir / WEIGHTS_FILE))
+    state.pop("d2t", None)
+    d = int(cfg["hidden_size"])
+    named = text_cfg.get("dtype") or text_cfg.get("torch_dtype") or ""  # transformers 5 writes "dtype"
+    dtype = torch.float16 if named == "float16" else torch.bfloat16  # vLLM casts to the dtype it serves in
+    weights = mimo_state(state, hidden_size=d)
+    files = checkpoint_files(str(folder))
+    embed = _target_tensor(files, ("model.embed_tokens.weight",))
+    weights["model.embed_tokens.weight"] = embed
+    weights["lm_head.weight"] = _target_tensor(files, ("lm_head.weight", "model.embed_tokens.weight"))
+    weights = {k: v.to(dtype).contiguous() for k, v in weights.items()}
+
+    config = dict(text_cfg)
+    config.update(
+        {
+            "architectures": ["MiMoForCausalLM"],  # vLLM turns it into MiMoMTPModel (hf_config_override)
+            "model_type": "qwen2",
+            "num_nextn_predict_layers": 1,
+            "use_sliding_window": False,
+            "dtype": str(dtype).replace("torch.", ""),
+            "torch_dtype": str(dtype).replace("torch.", ""),
+        }
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_tensors(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
+    atomic_write_text(out_dir / "config.json", json.dumps(config, indent=2) + "\n")
+    spec = {"method": "mtp", "model": str(out_dir), "num_speculative_tokens": num_speculative_tokens}
+    record = {
+        "exported_from": str(head_dir),
+        "layout": "mimo",
+        "target": tgt["source"],
+        "target_folder": str(folder),
+        "draft_vocabulary": "full (the draft vocabulary of the head is not used by this layout)",
+        "speculative_config": spec,
+    }
+    atomic_write_text(out_dir / "vocabbridge-export.json", json.dumps(record, indent=2) + "\n")
+    return spec

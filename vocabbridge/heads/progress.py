@@ -1,0 +1,61 @@
+"""Progress for long phases: a rich bar on a terminal, one plain line per update elsewhere (logs, CI).
+
+>>> with Progress(3, "steps", stream=io.StringIO()) as p:  # doctest: +SKIP
+...     p.update(1, loss=2.5)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
+
+class Progress:
+    """``update(n, **info)`` advances by n and shows ``info`` (floats to 4 digits)."""
+
+    def __init__(self, total: int, desc: str, *, unit: str = "", stream=None, quiet: bool = False):
+        self.total, self.desc, self.unit, self.done = total, desc, unit, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if not quiet and getattr(self.stream, "isatty", lambda: False)():
+            self.bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                console=Console(file=self.stream),
+                transient=False,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(desc, total=total, info="")
+
+    def update(self, n: int = 1, **info) -> None:
+        self.done += n
+        text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items())
+        if self.bar is not None:
+            self.bar.update(self.task, advance=n, info=text)
+        elif not self.quiet:
+            elapsed = time.perf_counter() - self.t0
+            print(
+                f"{self.desc}: {self.done}/{self.total}{self.unit}  {elapsed:.0f} s  {text}".rstrip(),
+                file=self.stream,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,355 @@
+"""Training an MTP head by self-distillation: the recipe, timed phase by phase.
+
+    load     the target (bf16 on a CPU: data only; the engine's target stays fp32)
+    data     greedy continuations of the training prompts, batched (data.py), cached on disk
+    vocab    the draft vocabulary: the ids the data uses most (Recipe.draft_vocab)
+    train    AdamW on the head (the embedding, lm_head and rotary stay the target's, frozen),
+             soft cross-entropy against the target's top-k over ``depth`` chained steps (chain.py)
+    eval     held-out prompts: greedy acceptance per draft position, mean acceptance length
+
+With ``budget_minutes`` the run is time-boxed: data generation stops starting new batches when its
+share of the budget is spent (the batches are shuffled, so a cut still covers every kind of
+prompt; a later run with a larger budget generates the rest), and training plans as many steps as
+the time left allows, measured on its first steps (the learning-rate schedule follows the plan).
+Everything is resumable: the data per batch, the training from its last checkpoint.
+
+>>> r = train_head("qwen2.5-coder-1.5b", Path("heads/qwen2.5-coder-1.5b"), Recipe(budget_minutes=45))  # doctest: +SKIP
+>>> r.eval["acceptance_per_position"], r.eval["mean_acceptance_length"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..engine.model import load_causal_lm, resolve_device
+from ..errors import ConfigError
+from ..presets import resolve_model
+from ..util import atomic_write_text
+from .chain import batches, chain_loss, collate, evaluate
+from .curves import plot_curves
+from .data import DATA_DIR, DataPlan, Sequence, draft_vocabulary, generate_data, load_shard, render_prompts, training_prompts
+from .model import MTPHead, new_head, target_parts
+from .progress import Progress
+from .store import save_head, target_record
+
+TRAIN_DIR = "train"
+CKPT = "checkpoint.pt"
+CKPT_EVERY = 25  # optimizer steps between checkpoints (and at every epoch's end)
+TIMING_STEPS = 4  # steps timed before a budgeted run plans its total
+EVAL_RESERVE_S = 60.0  # of a budget, kept for the final evaluation and saving
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a head is trained. The defaults are the CPU recipe for Qwen2.5-Coder-1.5B (run it with
+    ``budget_minutes=45``: the budget decides how much data and how many epochs fit).
+
+    Chosen on SmolLM2-135M (64k positions) and Qwen2.5-Coder-0.5B (26k positions), held-out
+    acceptance after two epochs: the learning rate matters most and the best one depends on the
+    target (SmolLM2 best at 5e-4, Qwen2.5-0.5B at 1e-4 to 2e-4, where 1e-3 does not learn at all;
+    2e-4 is within 0.03 of the best on both); Gaussian noise on the hidden states, EAGLE's feature
+    loss (``hidden_weight``) and a frozen layer (only the zeroed projections trained) did not help;
+    smaller batches (512 positions: more steps) helped.
+    """
+
+    prompts: str | None = None  # JSONL prompt file (bench format); None: the built-in training set
+    max_prompts: int | None = None  # use the first N prompts
+    new_tokens: int = 160  # greedy tokens generated per prompt
+    gen_batch: int = 0  # prompts per generation batch; 0: 12 on a CPU, 64 on a GPU
+    top_k: int = 20  # soft labels kept per position
+    draft_vocab: int = 32768  # draft vocabulary (0: the whole target vocabulary)
+    depth: int = 2  # chained draft steps trained
+    epochs: int = 6  # at most; a budget may cut training short
+    batch_tokens: int = 512  # positions per optimizer step
+    lr: float = 2e-4
+    warmup: float = 0.05  # share of steps with a linear warm-up, then cosine decay to 10 %
+    step_weight: float = 0.7  # loss weight of chained step d: step_weight ** (d - 1)
+    hidden_weight: float = 0.0  # weight of EAGLE's feature loss (the head's output against h_{t+1})
+    heldout: float = 0.1  # share of prompts kept out of training for the evaluation
+    seed: int = 0
+    eval_k: int = 3  # draft positions evaluated
+    budget_minutes: float = 0.0  # wall-clock budget of the whole run, data included; 0: none
+    data_share: float = 0.5  # of a budget, for data generation
+    dtype: str = "auto"  # data generation and autocast: auto = bfloat16; float32 for exactness
+    device: str = "auto"
+
+    def __post_init__(self):
+        if min(self.depth, self.epochs, self.new_tokens, self.top_k, self.eval_k) < 1:
+            raise ConfigError("depth, epochs, new_tokens, top_k and eval_k must be at least 1.")
+        if not 0 <= self.heldout < 1 or not 0 < self.data_share < 1:
+            raise ConfigError(f"heldout must be in [0, 1) and data_share in (0, 1); got {self.heldout}, {self.data_share}.")
+        if self.budget_minutes < 0:
+            raise ConfigError(f"budget_minutes must be ≥ 0 (0: no budget), got {self.budget_minutes}.")
+
+    def training_key(self) -> dict:
+        """The fields a checkpoint must agree on to be resumed."""
+        skip = {"epochs", "device", "gen_batch", "budget_minutes", "data_share"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+
+@dataclass
+class TrainResult:
+    folder: Path
+    head: MTPHead
+    eval: dict
+    timings: dict[str, float]
+    tokens: dict[str, int]
+    history: list[dict] = field(default_factory=list)
+
+
+def _autocast(device: str, dtype: torch.dtype):
+    enabled = dtype != torch.float32
+    return lambda: torch.autocast(device_type=device.split(":")[0], dtype=dtype, enabled=enabled)
+
+
+def lr_at(step: int, total: int, recipe: Recipe) -> float:
+    """Linear warm-up over ``warmup`` of the steps, then cosine decay to 10 % of ``lr``."""
+    warm = max(1, int(total * recipe.warmup))
+    if step < warm:
+        return recipe.lr * (step + 1) / warm
+    t = min(1.0, (step - warm) / max(1, total - warm))
+    return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def split_heldout(seqs: list[Sequence], share: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
+    """Held-out sequences by prompt (both thinking variants of a prompt fall on the same side)."""
+    base = lambda s: s.prompt_id.rsplit("+think", 1)[0].rsplit("-think", 1)[0]  # noqa: E731
+    ids = sorted({base(s) for s in seqs})
+    random.Random(seed).shuffle(ids)
+    held = set(ids[: int(round(len(ids) * share))]) if share > 0 and len(ids) > 1 else set()
+    return [s for s in seqs if base(s) not in held], [s for s in seqs if base(s) in held]
+
+
+# ==== the whole recipe ==============================================================================
+
+
+def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = False, say=None, quiet: bool = False) -> TrainResult:
+    """Train (or resume training) a head for ``target`` into ``folder``; see the module docstring."""
+    say = say or (lambda msg: print(f"train-head: {msg}", flush=True))
+    folder = Path(folder).expanduser()
+    work = folder / TRAIN_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(recipe.seed)
+    device = resolve_device(recipe.device)
+    dtype = torch.float32 if recipe.dtype in ("float32", "fp32") else torch.bfloat16
+    autocast = _autocast(device, dtype)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    budget = recipe.budget_minutes * 60 or None
+
+    # load
+    lm = load_causal_lm(resolve_model(target), dtype=dtype, device=device, pack=False)
+    lm.model.requires_grad_(False)
+    parts = target_parts(lm.model)
+    timings["load"] = time.perf_counter() - t0
+    say(f"loaded {lm.name} in {timings['load']:.0f} s ({str(dtype).replace('torch.', '')} on {device})")
+
+    # data
+    t1 = time.perf_counter()
+    rendered = render_prompts(lm.view, training_prompts(recipe.prompts)[: recipe.max_prompts])
+    plan = DataPlan.make(rendered, batch_size=recipe.gen_batch or (64 if device.startswith("cuda") else 12), seed=recipe.seed)
+    roles = lm.view.roles
+    stops = {roles[r] for r in ("eos", "end_of_turn") if r in roles}
+    with Progress(len(rendered), "data (prompts)", quiet=quiet) as bar:
+        shards = generate_data(
+            lm.model,
+            plan,
+            work / DATA_DIR,
+            max_new_tokens=recipe.new_tokens,
+            stop_ids=stops,
+            top_k=recipe.top_k,
+            pad_id=roles.get("pad", next(iter(stops), 0)),
+            progress=bar,
+            deadline=t0 + budget * recipe.data_share if budget else None,
+        )
+    seqs = [s for path in shards for s in load_shard(path)]
+    timings["data"] = time.perf_counter() - t1
+    train_seqs, held = split_heldout(seqs, recipe.heldout, recipe.seed)
+    tokens = {
+        "sequences": len(seqs),
+        "positions": sum(s.positions for s in seqs),
+        "generated": sum(len(s.tokens) - s.gen_start for s in seqs),
+        "train_positions": sum(s.positions for s in train_seqs),
+        "heldout_positions": sum(s.positions for s in held),
+        "batches_planned": len(plan.batches),
+        "batches_generated": len(shards),
+    }
+    say(
+        f"data: {tokens['sequences']} sequences ({len(shards)} of {len(plan.batches)} batches), {tokens['positions']:,} "
+        f"positions ({tokens['generated']:,} generated) in {timings['data']:.0f} s; {len(held)} sequences held out"
+    )
+
+    # vocabulary and head
+    vocab = parts.embed.weight.shape[0]
+    full = recipe.draft_vocab <= 0 or recipe.draft_vocab >= vocab
+    draft_ids = None if full else draft_vocabulary(train_seqs, size=recipe.draft_vocab, vocab_size=vocab, always=stops)
+    head = new_head(parts, draft_ids=draft_ids).to(device)
+    t2d = torch.full((vocab,), -1, dtype=torch.long)
+    t2d[draft_ids if draft_ids is not None else torch.arange(vocab)] = torch.arange(head.draft_vocab_size)
+
+    # train
+    t2 = time.perf_counter()
+    deadline = t0 + budget - EVAL_RESERVE_S if budget else None
+    run = _Training(head, train_seqs, held, t2d, recipe, work, device=device, autocast=autocast, say=say)
+    run.resume(restart)
+    with Progress(run.planned, "train (steps)", quiet=quiet) as bar:
+        run.loop(bar, deadline)
+    timings["train"] = time.perf_counter() - t2
+    head.eval()
+
+    # eval and save
+    t3 = time.perf_counter()
+    ev = run.final_eval()
+    timings["eval"] = time.perf_counter() - t3
+    timings["total"] = time.perf_counter() - t0
+    training = {
+        "recipe": dataclasses.asdict(recipe),
+        "steps": run.step,
+        "steps_planned": run.planned,
+        "steps_this_run": run.step - run.resumed_at,
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "tokens": tokens,
+        "heldout_eval": ev,
+        "device": device,
+        "torch": torch.__version__,
+    }
+    save_head(
+        head,
+        folder,
+        target=target_record(parts, source=target, tokenizer_fingerprint=lm.view.fingerprint, resolved=lm.source),
+        training=training,
+    )
+    atomic_write_text(work / "eval.json", json.dumps(ev, indent=2) + "\n")
+    atomic_write_text(work / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in run.history))
+    plot_curves(run.history, work)
+    return TrainResult(folder, head, ev, timings, tokens, run.history)
+
+
+class _Training:
+    """The optimizer loop: epochs of shuffled batches, checkpoints, an evaluation per epoch, and
+    under a deadline a plan of as many steps as fit (timed on the first ``TIMING_STEPS``)."""
+
+    def __init__(self, head: MTPHead, train, held, t2d, recipe: Recipe, work: Path, *, device, autocast, say):
+        self.head, self.held, self.t2d, self.recipe, self.work = head, held, t2d, recipe, work
+        self.device, self.autocast, self.say = device, autocast, say
+        self.params = [p for p in head.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=recipe.lr, weight_decay=0.0)
+        self.epochs = [
+            batches(train, batch_tokens=recipe.batch_tokens, rng=random.Random(recipe.seed + e)) for e in range(recipe.epochs)
+        ]
+        self.planned = sum(len(b) for b in self.epochs)
+        self.step = self.resumed_at = 0
+        self.history: list[dict] = []
+        self.ckpt = work / CKPT
+
+    def resume(self, restart: bool) -> None:
+        if not self.ckpt.is_file() or restart:
+            return
+        ck = torch.load(self.ckpt, map_location=self.device, weights_only=False)
+        d2t = self.head.d2t.cpu() if self.head.d2t is not None else torch.empty(0)
+        if ck["recipe"] != self.recipe.training_key() or not torch.equal(ck["d2t"], d2t):
+            raise ConfigError(
+                f"{self.ckpt} was written by another recipe or other data; pass --restart to train from scratch "
+                f"(the generated data is kept), or use another -o folder."
+            )
+        self.head.load_state_dict(ck["head"], strict=False)
+        self.opt.load_state_dict(ck["opt"])
+        self.step = self.resumed_at = ck["step"]
+        self.history = ck["history"]
+        self.say(f"resumed at step {self.step} of {self.planned}")
+
+    def loop(self, bar: Progress, deadline: float | None) -> None:
+        r, head = self.recipe, self.head
+        if self.step:
+            bar.update(self.step)
+        head.train()
+        t_start, n = time.perf_counter(), 0
+        for epoch, group in enumerate(self.epochs):
+            for i, seqs in enumerate(group):
+                n += 1
+                if n <= self.step:
+                    continue  # done before a resume
+                if self.step >= self.planned:  # a budget cut the plan short
+                    return self._checkpoint()
+                for g in self.opt.param_groups:
+                    g["lr"] = lr_at(self.step, self.planned, r)
+                b = collate(seqs, self.t2d, r.batch_tokens).to(self.device)
+                with self.autocast():
+                    loss, per_depth = chain_loss(head, b, r.depth, r.step_weight, r.hidden_weight)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+                self.opt.step()
+                self.step += 1
+                value = float(loss.detach())
+                self.history.append(
+                    {"step": self.step, "epoch": epoch + (i + 1) / len(group), "loss": value, "per_depth": per_depth}
+                )
+                bar.update(1, epoch=epoch + 1, loss=value)
+                if deadline is not None and self.step - self.resumed_at == TIMING_STEPS:
+                    self._plan(deadline, (time.perf_counter() - t_start) / TIMING_STEPS)
+                if i == len(group) - 1:
+                    self._end_of_epoch(epoch + 1)
+                elif self.step % CKPT_EVERY == 0:
+                    self._checkpoint()
+
+    def final_eval(self) -> dict:
+        """The held-out evaluation at the end, over the draft vocabulary and the whole vocabulary
+        (what vLLM runs from the export)."""
+        r = self.recipe
+        self.head.eval()
+        ev = evaluate(
+            self.head,
+            self.held,
+            self.t2d,
+            k=r.eval_k,
+            batch_tokens=r.batch_tokens,
+            device=self.device,
+            autocast=self.autocast,
+            full_vocab=True,
+        )
+        last = self.history[-1] if self.history else {}
+        if not ("eval" in last and last["step"] == self.step):
+            epoch = next((h["epoch"] for h in reversed(self.history) if "loss" in h), 0)
+            self.history.append({"step": self.step, "epoch": epoch, "eval": ev})
+        return ev
+
+    def _plan(self, deadline: float, per_step: float) -> None:
+        fit = self.step + int(max(0.0, deadline - time.perf_counter()) / per_step)
+        if fit < self.planned:
+            self.say(f"budget: {fit} of {self.planned} steps fit ({per_step:.2f} s per step)")
+            self.planned = fit
+
+    def _end_of_epoch(self, epoch: int) -> None:
+        r, head = self.recipe, self.head
+        head.eval()
+        ev = evaluate(
+            head, self.held, self.t2d, k=r.eval_k, batch_tokens=r.batch_tokens, device=self.device, autocast=self.autocast
+        )
+        head.train()
+        self.history.append({"step": self.step, "epoch": epoch, "eval": ev})
+        accs = ", ".join(f"{a:.2f}" for a in ev["acceptance_per_position"])
+        self.say(f"epoch {epoch}: held-out acceptance per position {accs}; mean length {ev['mean_acceptance_length']:.2f}")
+        self._checkpoint()
+        plot_curves(self.history, self.work)
+
+    def _checkpoint(self) -> None:
+        state = {
+            "recipe": self.recipe.training_key(),
+            "head": self.head.trainable_state(),
+            "d2t": self.head.d2t.cpu() if self.head.d2t is not None else torch.empty(0),
+            "opt": self.opt.state_dict(),
+            "step": self.step,
+            "history": self.history,
+        }
+        tmp = self.ckpt.with_name(self.ckpt.name + ".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.ckpt)
