@@ -260,3 +260,23 @@ def test_the_plugin_builds_vllms_mapping_from_the_map_and_checks_fingerprints(mo
     wrong = plugin.mapping_class(vocab_mapping.VocabMapping, str(OTHER_MAP))
     with pytest.raises(MapFileError, match="built for other tokenizers"):
         wrong(target_tokenizer=tt, draft_tokenizer=dt, target_vocab_size=151936, draft_vocab_size=49152, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def qwen_head(tmp_path_factory):
+    """A head for the 0.5B target, trained by train-head on a tiny budget: the identity check does not
+    need a good head, only the real path (train → export in MiMo's layout → vLLM's mtp method)."""
+    from vocabbridge.heads.train import Recipe, train_head
+
+    folder = tmp_path_factory.mktemp("head") / "q05"
+    train_head(str(QWEN), folder, Recipe(max_prompts=4, new_tokens=8, epochs=1, draft_vocab=0), quiet=True, say=lambda m: None)
+    return folder
+
+
+def test_a_trained_mtp_head_serves_in_vllm_with_greedy_output_equal_to_no_speculation(plain, qwen_head):
+    with vllm_serve("--drafter", f"mtp:{qwen_head}", "-k", "2") as (url, lines):
+        assert greedy(url) == plain
+        c = spec_counters(url)
+        assert c["num_drafts"] and c["num_draft_tokens"] and c["num_accepted_tokens"] is not None, c
+    assert (qwen_head / "vllm" / "model.safetensors").is_file()
+    assert any("exporting the MTP head" in line for line in lines)

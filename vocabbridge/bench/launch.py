@@ -53,11 +53,13 @@ class DrafterChoice:
 
 
 def parse_drafters(text: str) -> list[DrafterChoice]:
-    """``none,ngram,MODEL[:MODE],...``; MODE is one of auto, draft, bridged, text, optionally
+    """``none,ngram,mtp[:HEAD],MODEL[:MODE],...``; MODE is one of auto, draft, bridged, text, optionally
     prefixed ``ngram+`` (prompt lookup first, the model when it finds nothing).
 
     >>> [(d.drafter, d.mode, d.ngram_first) for d in parse_drafters("none,smollm2-135m:ngram+text")]
     [('none', 'auto', False), ('smollm2-135m', 'text', True)]
+    >>> [(d.name, d.drafter) for d in parse_drafters("mtp,mtp:heads/q15")]  # mtp:PATH: a trained head
+    [('mtp', 'mtp'), ('mtp:q15', 'mtp:heads/q15')]
     """
     out: list[DrafterChoice] = []
     for item in (s.strip() for s in text.split(",")):
@@ -78,8 +80,18 @@ def parse_drafters(text: str) -> list[DrafterChoice]:
     if dup:
         raise BenchError(f"--drafters lists {', '.join(dup)} more than once.")
     # Paths are named by their last part ("/models/draft.gguf:text" → "draft.gguf:text") unless that is ambiguous.
-    short = [Path(d.drafter).name + d.name[len(d.drafter) :] if os.sep in d.drafter else d.name for d in out]
+    short = [_short(d.drafter) + d.name[len(d.drafter) :] if os.sep in d.drafter else d.name for d in out]
     return [dataclasses.replace(d, name=s) for d, s in zip(out, short)] if len(set(short)) == len(short) else out
+
+
+def _short(drafter: str) -> str:
+    """A path drafter's display name: its last part (``mtp:heads/x`` → ``mtp:x``).
+
+    >>> _short("/models/draft.gguf"), _short("mtp:heads/qwen-1.5b")
+    ('draft.gguf', 'mtp:qwen-1.5b')
+    """
+    method, sep, path = drafter.partition(":")
+    return f"mtp:{Path(path).name}" if sep and method == "mtp" else Path(drafter).name
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,9 @@ def _command_line() -> str | None:
 )
 @click.option("--name", "names", multiple=True, help="A name for each --url, in order. [default: host:port]")
 @click.option(
-    "--drafters", metavar="LIST", help="Configurations to start in turn: none,ngram,MODEL[:[ngram+]draft|bridged|text],..."
+    "--drafters",
+    metavar="LIST",
+    help="Configurations to start in turn: none,ngram,mtp[:HEAD_FOLDER],MODEL[:[ngram+]draft|bridged|text],...",
 )
 @click.option(
     "--backend",

@@ -196,7 +196,8 @@ def spec_options(*, exclude: tuple[str, ...] = (), engine: bool = True, drafter_
             if name == "drafter":
                 methods = [m for m in METHOD_NAMES if not engine or DRAFTERS[m].engine is not None]
                 help_text = (
-                    f"What drafts: {', '.join(methods)}, or a drafter model (a preset, a folder, a .gguf file or a hub id)."
+                    f"What drafts: {', '.join(methods)}, or a drafter model (a preset, a folder, a .gguf file or a hub id); "
+                    "mtp:HEAD_FOLDER drafts with a head trained by train-head."
                 )
             wrapper = _click_option(name, o, default, help_text, required=name == "drafter" and drafter_required)(wrapper)
         return wrapper

@@ -21,7 +21,7 @@ from ..tokenizer import TokenizerView, load_tokenizer, same_vocabulary
 from .drafters import Drafter, NgramFirstDrafter
 from .engine import SpecEngine
 from .memory import check_fits
-from .model import CausalLM, load_causal_lm, resolve_device
+from .model import CausalLM, drafter_dtype_for, load_causal_lm, resolve_device
 
 __all__ = ["BuiltEngine", "EngineSpec", "build_engine", "drafter_dtype", "make_drafter"]
 
@@ -73,9 +73,7 @@ def make_drafter(spec: EngineSpec, target: CausalLM, drafter_lm: CausalLM | None
 
 def drafter_dtype(spec: EngineSpec) -> str:
     """``auto``: int8 dynamic quantization on CPU (2-3× faster drafting), the target's dtype elsewhere."""
-    if spec.drafter_dtype != "auto":
-        return spec.drafter_dtype
-    return "int8" if resolve_device(spec.device) == "cpu" else spec.dtype
+    return drafter_dtype_for(spec.drafter_dtype, resolve_device(spec.device), spec.dtype)
 
 
 def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> dict[str, TokenizerView]:

@@ -109,6 +109,7 @@ class VllmCommand:
     files: tuple[tuple[str, str], ...] = ()  # (path, content) to write before starting: our proposers' configuration
     map_check: tuple[str, str, str] | None = None  # (map, drafter, target): checked before starting
     memory_check: tuple[tuple[str, str, str], ...] = ()  # (name, source, dtype) that must fit in this CPU's memory
+    export_head: str | None = None  # a train-head folder (--drafter mtp:PATH) to export for vLLM first, when stale
 
     def shell(self) -> str:
         """The command line, shell-quoted (the API key, if any, shown as an environment variable)."""
@@ -195,7 +196,8 @@ def vllm_command(
         dtype = spec.dtype if spec.dtype != "auto" else "bfloat16"  # vLLM's CPU default
         models = [spec.target_name] + ([spec.drafter] if spec.uses_model else [])
         memory = tuple((n, resolve_model(n), dtype) for n in models)
-    return VllmCommand(argv, name, cfg, env, notes, convert, files, map_check, memory)
+    head = spec.drafter_path if spec.drafter_method == "mtp" else None
+    return VllmCommand(argv, name, cfg, env, notes, convert, files, map_check, memory, head)
 
 
 def spec_method(cfg: dict) -> str:
@@ -220,6 +222,24 @@ def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
             converted_folder(gguf, say=say)
     for path, text in cmd.files:
         atomic_write_text(path, text)
+    if cmd.export_head:
+        export_stale_head(cmd.export_head, say=say)
+
+
+def export_stale_head(folder: str, *, say: Callable[[str], None]) -> None:
+    """Export a train-head folder for vLLM (``FOLDER/vllm``) unless an export newer than the head is there."""
+    from ..heads import VLLM_EXPORT
+    from ..heads.store import WEIGHTS_FILE, read_head_config
+
+    head = Path(folder).expanduser()
+    read_head_config(head)  # a clear error for a folder that is not a head
+    done = head / VLLM_EXPORT / "model.safetensors"
+    if done.is_file() and done.stat().st_mtime >= (head / WEIGHTS_FILE).stat().st_mtime:
+        return
+    from ..heads.export import export_for_vllm  # torch
+
+    say(f"exporting the MTP head {head} for vLLM (MiMo's MTP layout) into {head / VLLM_EXPORT}")
+    export_for_vllm(head)
 
 
 # ==== choosing a backend ========================================================================

@@ -26,7 +26,7 @@ from ...errors import ConfigError, RequestError
 from ...heads.layouts import checkpoint_files, head_from_weights, read_mtp_weights
 from ...heads.model import MTPHead, causal_mask, target_parts
 from ...heads.store import load_head
-from ..model import quantize_int8
+from ..model import QUANTIZED, drafter_dtype_for, quantize_int8
 from ..sampling import SamplingParams, logits_to_probs, sample
 from .base import Drafter, DraftSession, Proposal
 
@@ -153,10 +153,10 @@ class MTPDrafter(Drafter):
                 )
             head = head_from_weights(parts, layout, weights, source=target.source).to(target.device)
             source = f"{target.source} ({layout} MTP weights)"
-        dtype = spec.drafter_dtype if spec.drafter_dtype != "auto" else ("int8" if target.device == "cpu" else None)
-        if dtype == "int8":
+        dtype = drafter_dtype_for(spec.drafter_dtype, str(target.device), "float32")  # the head trains in fp32
+        if dtype in QUANTIZED:
             head = quantize_int8(head)
-        elif dtype not in (None, "float32", "fp32"):
+        elif dtype not in ("float32", "fp32"):
             head = head.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)))
         roles = target.view.roles
         stops = [roles[r] for r in ("eos", "end_of_turn") if r in roles]
