@@ -101,5 +101,8 @@ def train_head_cmd(target, output: Path, prompts, restart, export_vllm, as_json,
         f"draft with it: --drafter mtp:{output}",
     ]
     if spec:
-        notes.append(f"vLLM: --speculative-config '{json.dumps(spec, separators=(',', ':'))}'")
+        notes.append(
+            f"vLLM: --speculative-config '{json.dumps(spec, separators=(',', ':'))}' --hf-overrides "
+            "'{\"num_nextn_predict_layers\":1}' (vocabbridge serve --backend vllm --drafter mtp:HEAD writes both)"
+        )
     print_sections([Section("Held-out greedy acceptance (the target's own continuations)", columns, rows, notes)])

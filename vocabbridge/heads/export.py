@@ -7,11 +7,15 @@ exactly our head on a Qwen2 decoder layer: ``token_layernorm`` (enorm), ``hidden
 by vLLM's ``SpeculativeConfig.hf_config_override`` into ``MiMoMTPModel``, so::
 
     --speculative-config '{"method": "mtp", "model": "heads/NAME/vllm", "num_speculative_tokens": 3}'
+    --hf-overrides '{"num_nextn_predict_layers": 1}'
 
-serves the head beside any Qwen2 or Llama target (a Llama layer is a Qwen2 layer with zero q/k/v
-biases). vLLM re-runs the one layer for k > 1, on its own output, as our engine does, and shares
-the target's embedding and lm_head with it (the copies written here only satisfy its loader's
-completeness check). The export drafts over the whole vocabulary: MiMo's layout has no draft
+serves the head beside any Qwen2 or Llama target. The ``--hf-overrides`` is needed because vLLM's
+MiMo MTP layer reads its layer count from the target's config, not the draft's (MiMo ships its MTP
+layer inside its own checkpoint); ``vocabbridge serve --backend vllm --drafter mtp:HEAD`` adds it.
+
+A Llama layer is a Qwen2 layer with zero q/k/v biases. vLLM re-runs the one layer for k > 1, on
+its own output, as our engine does, and shares the target's embedding and lm_head with it (the
+copies written here only satisfy its loader's completeness check). The export drafts over the whole vocabulary: MiMo's layout has no draft
 vocabulary (``train-head`` reports the held-out acceptance of both).
 
 EAGLE (``llama_eagle.py``) cannot hold this head: its fc takes un-normalized inputs and its layer

@@ -168,6 +168,14 @@ def vllm_command(
         argv += ["--dtype", VLLM_DTYPES[spec.dtype]]
     if cfg is not None:
         argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+    if spec.drafter_method == "mtp" and spec.drafter_path:
+        # vLLM's MiMo MTP layer reads its layer count from the *target's* config (MiMo carries its MTP
+        # layer in its own checkpoint); without it the worker fails with "Qwen2Config object has no
+        # attribute num_nextn_predict_layers".
+        if any(a.startswith("--hf-overrides") for a in extra_args):
+            notes.append('your --hf-overrides must include "num_nextn_predict_layers": 1 for the MTP head')
+        else:
+            argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": 1}, separators=(",", ":"))]
     argv += list(extra_args)
     method = cfg["method"] if cfg else "none"
     ours = spec_method(cfg) if method == "custom_class" and cfg["model"].startswith(PROPOSERS) else method
