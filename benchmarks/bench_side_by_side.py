@@ -41,6 +41,7 @@ from vocabbridge.report import fmt_float, fmt_pct  # noqa: E402
 from vocabbridge.spec import EngineSpec  # noqa: E402
 
 MAP = ROOT / "maps" / "smollm2_to_qwen2.5.json"
+DTYPE_TAGS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}  # in configuration names: emb-bf16:none
 
 
 def log(msg: str, out) -> None:
@@ -174,6 +175,7 @@ def main() -> None:
     ap.add_argument("--min-confidence", type=float, default=0.3)
     ap.add_argument("--vllm-args", default="--max-model-len 8192", help="extra `vllm serve` arguments (one string)")
     ap.add_argument("--vllm-dtype", default="auto", help="vLLM's dtype (auto: bf16 on its CPU build)")
+    ap.add_argument("--emb-dtype", default="auto", help="the embedded engine's target dtype (auto: fp32 on a CPU, exact greedy)")
     ap.add_argument("--llama-python", help="a Python with llama-cpp-python[server] (its own venv)")
     ap.add_argument("--llama-threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--llama-lookup", type=int, default=10, help="prompt-lookup tokens (llama-cpp-python's default)")
@@ -185,26 +187,27 @@ def main() -> None:
     levels = tuple(int(x) for x in args.concurrency.split(",") if x)
     prompts = select_prompts(load_prompts(), categories=args.categories.split(","))
     engines = args.engines.split(",")
-    baseline = "emb:none" if "embedded" in engines and (args.only is None or "emb:none" in args.only) else None
     settings = BenchSettings(max_tokens=args.max_tokens, repeats=1, temperature=0, concurrency=levels)
     only = set(args.only.split(",")) if args.only else None
     progress = LogProgress(out)
     base = EngineSpec(target=args.target, num_speculative_tokens=args.k, min_confidence=args.min_confidence)
     s, d = args.small, args.draft
     plan = []
+    e = "emb" if args.emb_dtype == "auto" else f"emb-{DTYPE_TAGS.get(args.emb_dtype, args.emb_dtype)}"
+    vl = "vllm" if args.vllm_dtype == "auto" else f"vllm-{DTYPE_TAGS.get(args.vllm_dtype, args.vllm_dtype)}"
     if "embedded" in engines:
-        emb = LaunchSettings(base, backend="embedded", launch="inprocess")
+        emb = LaunchSettings(base.replace(dtype=args.emb_dtype), backend="embedded", launch="inprocess")
         plan.append(
             (
                 emb,
                 [
-                    DrafterChoice("emb:none", "none"),
-                    DrafterChoice("emb:ngram", "ngram"),
-                    DrafterChoice(f"emb:{d}", d),
-                    DrafterChoice(f"emb:{s}:tli", s, "tli"),
-                    DrafterChoice(f"emb:{s}:bridged", s, "bridged"),
-                    DrafterChoice(f"emb:{s}:text", s, "text"),
-                    DrafterChoice(f"emb:{s}:ngram+text", s, "text", True),
+                    DrafterChoice(f"{e}:none", "none"),
+                    DrafterChoice(f"{e}:ngram", "ngram"),
+                    DrafterChoice(f"{e}:{d}", d),
+                    DrafterChoice(f"{e}:{s}:tli", s, "tli"),
+                    DrafterChoice(f"{e}:{s}:bridged", s, "bridged"),
+                    DrafterChoice(f"{e}:{s}:text", s, "text"),
+                    DrafterChoice(f"{e}:{s}:ngram+text", s, "text", True),
                 ],
             )
         )
@@ -219,15 +222,16 @@ def main() -> None:
             (
                 v,
                 [
-                    DrafterChoice("vllm:none", "none"),
-                    DrafterChoice("vllm:ngram", "ngram"),
-                    DrafterChoice(f"vllm:{d}", d),
-                    DrafterChoice(f"vllm:{s}:tli", s, "tli"),
-                    DrafterChoice(f"vllm:{s}:text", s, "text"),
+                    DrafterChoice(f"{vl}:none", "none"),
+                    DrafterChoice(f"{vl}:ngram", "ngram"),
+                    DrafterChoice(f"{vl}:{d}", d),
+                    DrafterChoice(f"{vl}:{s}:tli", s, "tli"),
+                    DrafterChoice(f"{vl}:{s}:text", s, "text"),
                 ],
             )
         )
-        plan.append((vm, [DrafterChoice(f"vllm:{s}:tli+map", s, "tli"), DrafterChoice(f"vllm:{s}:bridged", s, "bridged")]))
+        plan.append((vm, [DrafterChoice(f"{vl}:{s}:tli+map", s, "tli"), DrafterChoice(f"{vl}:{s}:bridged", s, "bridged")]))
+    baseline = next((f"{x}:none" for x in (e, vl) if args.only is None or f"{x}:none" in args.only), None)
     configs = []
     log(
         f"side by side: target {args.target} ({resolve_model(args.target)}), {len(prompts)} prompts, {args.max_tokens} tokens, "
@@ -259,7 +263,7 @@ def main() -> None:
         prompts,
         dataclasses.replace(settings, baseline=baseline if any(c.name == baseline for c in configs) else None),
         notes=[
-            "engines: embedded = vocabbridge's engine (fp32 target, int8 drafters), vllm = vLLM's CPU build "
+            f"engines: {e} = vocabbridge's engine (target dtype {args.emb_dtype}: auto is fp32; int8 drafters), {vl} = vLLM's CPU build "
             f"(dtype {args.vllm_dtype}; serve args {args.vllm_args!r}), llama = llama-cpp-python's server on the GGUF file itself",
         ],
     )

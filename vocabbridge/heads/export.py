@@ -15,8 +15,9 @@ layer inside its own checkpoint); ``vocabbridge serve --backend vllm --drafter m
 
 A Llama layer is a Qwen2 layer with zero q/k/v biases. vLLM re-runs the one layer for k > 1, on
 its own output, as our engine does, and shares the target's embedding and lm_head with it (the
-copies written here only satisfy its loader's completeness check). The export drafts over the whole vocabulary: MiMo's layout has no draft
-vocabulary (``train-head`` reports the held-out acceptance of both).
+copies written here only satisfy its loader's completeness check). The export drafts over the
+whole vocabulary: MiMo's layout has no draft vocabulary (``train-head`` reports the held-out
+acceptance of both).
 
 EAGLE (``llama_eagle.py``) cannot hold this head: its fc takes un-normalized inputs and its layer
 has no input norm; EAGLE-3 normalizes the two inputs but feeds their concatenation to a 2d-wide
