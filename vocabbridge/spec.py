@@ -207,8 +207,8 @@ class EngineSpec:
         """The target as given, else the drafter preset's own target (or the one an MTP head was trained for)."""
         if self.target:
             return self.target
-        if self.drafter_path and head_target(self.drafter_path):
-            return head_target(self.drafter_path)
+        if self.drafter_path and (trained_for := head_target(self.drafter_path)):
+            return trained_for
         if not self.uses_model:
             raise ConfigError(f"--drafter {self.drafter} needs --target.")
         return default_target_for(self.drafter)

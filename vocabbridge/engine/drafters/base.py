@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, logits_to_probs, sample
 
 
 @dataclass
@@ -73,3 +73,17 @@ class NoDrafter(Drafter):
 
     def session(self, prompt):
         return _NoDraft()
+
+
+def pick_token(logits: torch.Tensor, params: SamplingParams, generator, *, need_confidence: bool):
+    """One draft token from a drafter's logits: ``(token, confidence, probs)``.
+
+    Greedy: the argmax, its probability only when a confidence gate needs it (else 1.0), no probs.
+    Sampling: a token drawn from the drafter's distribution, the distribution's top probability as
+    the confidence, and the distribution itself (the q of rejection sampling).
+    """
+    if params.greedy:
+        tok = int(logits.argmax())
+        return tok, float(torch.softmax(logits.float(), -1)[tok]) if need_confidence else 1.0, None
+    probs = logits_to_probs(logits, params)
+    return sample(probs, generator), float(probs.max()), probs

@@ -19,8 +19,8 @@ from ...mapping.tokenmap import unpaired_choice
 from ...tokenizer import same_vocabulary
 from ...util import common_prefix_len
 from ..model import CausalLM
-from ..sampling import SamplingParams, logits_to_probs, sample
-from .base import Drafter, DraftSession, Proposal
+from ..sampling import SamplingParams
+from .base import Drafter, DraftSession, Proposal, pick_token
 
 WARM_K = 64  # the largest k: a window set while warming holds for every later proposal
 
@@ -82,14 +82,8 @@ class ModelDraftSession(DraftSession):
         for i in range(k):
             if mask is not None:
                 logits = logits + mask
-            if params.greedy:
-                probs = torch.softmax(logits.float(), -1) if self.min_confidence > 0 else None
-                tok = int(logits.argmax())
-                conf = float(probs[tok]) if probs is not None else 1.0
-            else:
-                probs = logits_to_probs(logits, params)
-                tok = sample(probs, generator)
-                conf = float(probs.max())
+            tok, conf, probs = pick_token(logits, params, generator, need_confidence=self.min_confidence > 0)
+            if probs is not None:
                 rows.append(probs)
             survive *= conf
             if survive < self.min_confidence:

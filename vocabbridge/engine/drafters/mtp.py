@@ -27,8 +27,8 @@ from ...heads.layouts import checkpoint_files, head_from_weights, read_mtp_weigh
 from ...heads.model import MTPHead, causal_mask, target_parts
 from ...heads.store import load_head
 from ..model import QUANTIZED, drafter_dtype_for, quantize_int8
-from ..sampling import SamplingParams, logits_to_probs, sample
-from .base import Drafter, DraftSession, Proposal
+from ..sampling import SamplingParams
+from .base import Drafter, DraftSession, Proposal, pick_token
 
 
 class _MTPSession(DraftSession):
@@ -94,13 +94,8 @@ class _MTPSession(DraftSession):
         survive = 1.0
         for i in range(k):
             logits = head.logits(g.view(1, -1))[0]  # [V_draft] (int8 linears want 2-D input)
-            if params.greedy:
-                j = int(logits.argmax())
-                conf = float(torch.softmax(logits, -1)[j]) if d.min_confidence > 0 else 1.0
-            else:
-                probs = logits_to_probs(logits, params)
-                j = sample(probs, generator)
-                conf = float(probs.max())
+            j, conf, probs = pick_token(logits, params, generator, need_confidence=d.min_confidence > 0)
+            if probs is not None:
                 dists.append(probs)
             survive *= conf
             if survive < d.min_confidence:
