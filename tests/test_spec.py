@@ -41,6 +41,7 @@ CHANGED = {
     "dtype": "float32",
     "drafter_dtype": "int8",
     "device": "cpu",
+    "kernels": "llama.cpp",
 }
 
 

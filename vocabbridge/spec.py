@@ -187,6 +187,15 @@ class EngineSpec:
         vllm=BY_PROPOSERS,
     )
     device: str = _opt("auto", "--device", "Where the models run: auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …")
+    kernels: str = _opt(
+        "torch",
+        "--kernels",
+        "What the embedded engine runs the models on: torch (transformers; fp32 on the CPU) or llama.cpp (the GGUF "
+        "files as they are, on llama.cpp's quantized CPU kernels, every target decode forward padded to the same row "
+        "count so that speculative output stays identical to plain; pip install 'vocabbridge[llama]').",
+        kind="choice",
+        choices=("torch", "llama.cpp"),
+    )
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

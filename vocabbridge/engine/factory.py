@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
 from ..mapping import load_map
 from ..presets import PRESETS, resolve_model
 from ..spec import EngineSpec, resolve_method
@@ -21,7 +22,9 @@ from ..tokenizer import TokenizerView, load_tokenizer, same_vocabulary
 from .drafters import Drafter, NgramFirstDrafter
 from .engine import SpecEngine
 from .memory import check_fits
-from .model import CausalLM, drafter_dtype_for, load_causal_lm, resolve_device
+from .llama_cpp import LLAMA_ROWS, load_llama_cpp_lm
+from .invariant import INVARIANT_ROWS
+from .model import QUANTIZED, CausalLM, drafter_dtype_for, load_causal_lm, resolve_device
 
 __all__ = ["BuiltEngine", "EngineSpec", "build_engine", "drafter_dtype", "make_drafter"]
 
@@ -81,9 +84,16 @@ def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> di
     the tokenizers (read once and reused by the model loads), the method they allow, and a given
     map checked against them. Returns the views read, by resolved source."""
     device = resolve_device(spec.device)
+    llama = spec.kernels == "llama.cpp"
+    if llama and device != "cpu":
+        raise ConfigError(f"--kernels llama.cpp runs on the CPU (this build of it); drop --device {spec.device} or use --kernels torch.")
+    if llama and spec.drafter_method == "mtp":
+        raise ConfigError(
+            "--drafter mtp reads the target's hidden states, which the llama.cpp kernels do not expose; use --kernels torch."
+        )
     check_fits(
-        [(spec.target_name, resolve_model(spec.target_name), spec.dtype)]
-        + ([(spec.drafter, resolve_model(spec.drafter), drafter_dtype(spec))] if spec.uses_model else []),
+        [(spec.target_name, resolve_model(spec.target_name), "gguf" if llama else spec.dtype)]
+        + ([(spec.drafter, resolve_model(spec.drafter), "gguf" if llama else drafter_dtype(spec))] if spec.uses_model else []),
         device=device,
     )
     if not spec.uses_model:
@@ -104,14 +114,20 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
     loaded = loaded if loaded is not None else {}
     views = preflight(spec, loaded)
 
-    def get(name: str, dtype: str) -> CausalLM:
+    def get(name: str, dtype: str, rows: int | None = None) -> CausalLM:
         src = resolve_model(name)
-        key = src if dtype == spec.dtype else f"{src}@{dtype}"
+        if spec.kernels == "llama.cpp":  # the GGUF as it is; the target's forwards padded to `rows`
+            key = f"{src}@llama.cpp" + (f"/rows={rows}" if rows else "")
+            if key not in loaded:
+                loaded[key] = load_llama_cpp_lm(src, tokenizer=views.get(src), rows=rows)
+            return loaded[key]
+        rows = rows if dtype in QUANTIZED else None  # an int8 target: batch-invariant, its forwards padded
+        key = (src if dtype == spec.dtype else f"{src}@{dtype}") + (f"/rows={rows}" if rows else "")
         if key not in loaded:
-            loaded[key] = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device)
+            loaded[key] = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device, rows=rows)
         return loaded[key]
 
-    target = get(spec.target_name, spec.dtype)
+    target = get(spec.target_name, spec.dtype, rows=LLAMA_ROWS if spec.kernels == "llama.cpp" else INVARIANT_ROWS)
     drafter_lm = get(spec.drafter, drafter_dtype(spec)) if spec.uses_model else None
     drafter, mode, notes = make_drafter(spec, target, drafter_lm)
     engine = SpecEngine(

@@ -42,6 +42,8 @@ GGUF_MAX_BITS = 8.5  # Q8_0; fewer bits per weight mean more parameters: the est
 
 
 def need_bytes(params: float, dtype: str, *, device: str) -> float:
+    if dtype == "gguf":  # llama.cpp holds the GGUF's quantized weights as they are (mapped from the file)
+        return params * GGUF_MAX_BITS / 8
     if device.startswith("cuda"):
         return params * _BYTES.get(dtype, 2 if dtype == "auto" else 4)
     return params * _BYTES.get(dtype, 4)

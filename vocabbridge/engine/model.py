@@ -35,6 +35,7 @@ with warnings.catch_warnings():  # torch.utils.mkldnn's ScriptModules warn that 
 from ..tokenizer import TokenizerView, load_tokenizer
 from ..util import common_prefix_len
 from .convert import converted_folder
+from .invariant import make_invariant
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -167,6 +168,7 @@ class CausalLM:
     max_context: int
     load_seconds: float = 0.0
     forwards: int = field(default=0)  # every forward call, for stats
+    rows: int | None = None  # every decode-time forward padded to this many rows (batch invariance; see KVSession.extend)
 
     @property
     def cache_kwarg(self) -> str:
@@ -225,6 +227,7 @@ def load_causal_lm(
     cache_converted: bool = True,
     threads: int | None = None,
     pack: bool = True,
+    rows: int | None = None,
 ) -> CausalLM:
     """Load a causal LM and its tokenizer view from a folder, a hub id or a GGUF file.
 
@@ -249,7 +252,10 @@ def load_causal_lm(
     if dtype in QUANTIZED:
         if device != "cpu":
             raise ModelLoadError("dtype int8 (dynamic quantization) runs on the CPU only; use bfloat16 on CUDA.")
-        model = quantize_int8(model)
+        if rows is not None:  # a target: batch-invariant int8 linears and attention, forwards padded to `rows`
+            make_invariant(model)
+        else:
+            model = quantize_int8(model)
     elif pack and device == "cpu" and dt == torch.float32:
         pack_linears(model)
     if isinstance(tokenizer, TokenizerView):
@@ -259,7 +265,7 @@ def load_causal_lm(
     cfg = model.config
     text_cfg = getattr(cfg, "get_text_config", lambda: cfg)()
     max_ctx = int(getattr(text_cfg, "max_position_embeddings", 0) or 1 << 30)
-    return CausalLM(model, view, source, device, dt, vocab, max_ctx, time.perf_counter() - t0)
+    return CausalLM(model, view, source, device, dt, vocab, max_ctx, time.perf_counter() - t0, rows=rows)
 
 
 class KVSession:
@@ -289,6 +295,26 @@ class KVSession:
                 f"context of {len(self.ids) + len(tokens)} tokens exceeds {self.lm.name}'s limit of "
                 f"{self.lm.max_context}; shorten the prompt or lower max_tokens."
             )
+        R = self.lm.rows
+        if R is None or (keep == 1 and len(tokens) > R):  # as it comes (a prompt chunk when padding is on)
+            pieces = [tokens]
+        else:  # a decode step or a verification: R rows at a time, padded (see CausalLM.rows)
+            pieces = [tokens[i : i + R] for i in range(0, len(tokens), R)]
+        logits, hiddens = [], []
+        for piece in pieces:
+            pad = R - len(piece) if R is not None and len(piece) < R else 0
+            lg, hd = self._forward(piece + piece[-1:] * pad, R if pad else len(piece) if len(pieces) > 1 else keep, hidden)
+            if pad:
+                self.cache.crop(-pad)  # the padding's KV entries
+                lg, hd = lg[: len(piece)], hd[: len(piece)] if hd is not None else None
+            self.ids.extend(piece)
+            logits.append(lg)
+            hiddens.append(hd)
+        self.lm.forwards += 1
+        logits = torch.cat(logits)[-keep:]  # [keep, V]
+        return (logits, torch.cat(hiddens)) if hidden else logits
+
+    def _forward(self, tokens: list[int], keep: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = torch.tensor([tokens], dtype=torch.long, device=self.lm.device)  # [1, S]
         kv = {self.lm.cache_kwarg: self.cache}
         seen: list[torch.Tensor] = []  # the final norm's output, caught on its way to the lm_head
@@ -298,10 +324,7 @@ class KVSession:
         finally:
             if hook is not None:
                 hook.remove()
-        self.lm.forwards += 1
-        self.ids.extend(tokens)
-        logits = out.logits[0, -keep:].float()  # [keep, V]
-        return (logits, seen[-1][0].float()) if hidden else logits
+        return out.logits[0, -keep:].float(), (seen[-1][0].float() if hidden else None)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` cached tokens (rollback after a rejection)."""

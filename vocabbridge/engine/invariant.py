@@ -1,0 +1,198 @@
+"""Batch invariance by construction: a target whose every output row is the same bit for bit
+whether the row was computed alone (plain decoding) or beside k draft rows (a verification).
+
+Why it matters: speculative decoding is only lossless when the verification forward's logits for
+a position equal what plain decoding would compute there. In fp32 the two differ by ~1e-5 (kernels
+pick other blockings for other shapes), which rarely flips a greedy choice; on quantized kernels
+the differences are far larger (llama.cpp's Q4_K matmuls: up to 0.5 in the logits here; fbgemm's
+dynamic int8, which quantizes the activations with one scale per batch: several units), so a
+speculative answer drifts from the plain one at the first near-tie.
+
+The three pieces, each invariant on its own:
+
+1. **The row count is fixed** (``CausalLM.rows``): every decode-time forward, a one-token plain
+   step or a verification, runs exactly R rows (padding after the real rows, where the causal mask
+   hides it; its KV entries are cropped after). Every op then sees the same shapes, so no kernel
+   choice depends on k.
+2. **Linears** (:class:`RowInt8Linear`): int8 weights, each activation row scaled by its own
+   maximum, integer accumulation (exact in any order).
+3. **Attention** (:func:`invariant_attention`): keys in blocks of ``KEY_BLOCK`` fixed by absolute
+   position, each block computed with the same shapes whatever the cache's length, the blocks added
+   in order; the masked keys add exact zeros.
+
+Norms, RoPE and the MLP's activation are elementwise or per-row reductions of fixed length.
+``tests/test_invariant.py`` checks the whole target on a real checkpoint: verification logits equal
+row-by-row logits bit for bit across k, prompt lengths and key-block boundaries, and the naive
+path (no padding, stock kernels) does not.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import torch
+
+ATTENTION = "vocabbridge_invariant"
+INVARIANT_ROWS = 5  # rows of every decode-time forward of an int8 target: k + 1 ≤ 5 verifies in one forward
+KEY_BLOCK = 128  # attention runs over keys in blocks of this many, fixed by absolute position
+
+
+def _quantize_dynamic(module: torch.nn.Module) -> torch.nn.Module:
+    """fbgemm's dynamic int8 linear, weights quantized per output channel."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated", category=UserWarning)
+        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+
+
+class RowInt8Linear(torch.nn.Module):
+    """A Linear on fbgemm's int8 kernels whose every output row depends on its own input row only.
+
+    ``quantize_dynamic``'s linears quantize a batch's activations with one scale (from the batch's
+    min and max), so a row's result changes with the rows beside it. Here each row is first divided
+    by its own absolute maximum, and a fixed anchor row holding +1 and -1 joins the batch: the
+    batch's min and max are then -1 and +1 for any rows, the activation scale and zero point are
+    constants, and the int8 × int8 products are summed in int32, exactly, in any order. Scaling
+    back by the row's maximum and adding the bias are elementwise. Weights are int8 per output
+    channel. On a CPU a forward is bound by reading the weights (a quarter of fp32's bytes), and
+    extra rows are nearly free: one to seven rows cost 63 → 76 ms for the 1.5B target's linears.
+
+    >>> lin = RowInt8Linear(torch.nn.Linear(16, 4))
+    >>> x = torch.randn(3, 16)
+    >>> bool((lin(x)[1] == lin(torch.stack([torch.randn(16), x[1]]))[1]).all())
+    True
+    """
+
+    def __init__(self, lin: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        bare = torch.nn.Linear(lin.in_features, lin.out_features, bias=False)
+        bare.weight.data = lin.weight.data.float()
+        self.inner = _quantize_dynamic(torch.nn.Sequential(bare))[0]
+        self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.data.float(), requires_grad=False)
+        anchor = torch.zeros(1, lin.in_features)
+        anchor[0, 0], anchor[0, -1] = 1.0, -1.0
+        self.register_buffer("anchor", anchor, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).float()
+        scale = torch.linalg.vector_norm(rows, ord=math.inf, dim=-1, keepdim=True).clamp_min_(1e-30)
+        y = self.inner(torch.cat([rows / scale, self.anchor]))[:-1]
+        y = y * scale if self.bias is None else torch.addcmul(self.bias, y, scale)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class FusedPart(torch.nn.Module):
+    """One of several linears that read the same input (q/k/v, gate/up), run as one
+    :class:`RowInt8Linear` over their stacked weights: the first call computes all of them, the
+    others take their columns from it (same input tensor, compared by identity)."""
+
+    def __init__(self, fused: RowInt8Linear, start: int, stop: int, shared: dict):
+        super().__init__()
+        self.fused, self.start, self.stop, self.shared = fused, start, stop, shared
+        self.in_features, self.out_features = fused.in_features, stop - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.shared.get("x") is not x:
+            self.shared.update(x=x, y=self.fused(x))
+        return self.shared["y"][..., self.start : self.stop]
+
+
+FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # Llama / Qwen / Mistral naming
+
+
+def quantize_rows(model: torch.nn.Module) -> int:
+    """Replace every ``nn.Linear`` (the lm_head included) by a :class:`RowInt8Linear`, fusing the
+    ones that read the same input (q/k/v, gate/up) into one; returns how many linears were replaced."""
+    n = 0
+    for module in list(model.modules()):
+        children = dict(module.named_children())
+        for group in FUSE:
+            lins = [children.get(name) for name in group]
+            if all(type(x) is torch.nn.Linear for x in lins) and len({x.in_features for x in lins}) == 1:
+                stacked = torch.nn.Linear(lins[0].in_features, sum(x.out_features for x in lins), bias=lins[0].bias is not None)
+                stacked.weight.data = torch.cat([x.weight.data.float() for x in lins])
+                if stacked.bias is not None:
+                    biases = [x.bias.data.float() if x.bias is not None else torch.zeros(x.out_features) for x in lins]
+                    stacked.bias.data = torch.cat(biases)
+                fused, shared, start = RowInt8Linear(stacked), {}, 0
+                for name, lin in zip(group, lins):
+                    setattr(module, name, FusedPart(fused, start, start + lin.out_features, shared))
+                    start += lin.out_features
+                n += len(group)
+        for name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(module, name, RowInt8Linear(child))
+                n += 1
+    return n
+
+
+def invariant_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
+    """Causal attention for one sequence whose cache holds everything before the queries (the
+    engine's sessions): query ``i`` of ``q`` sits at position ``L - q + i`` and sees keys up to it.
+    ``attention_mask`` is ignored (there is no padding inside a session).
+
+    The keys are cut into blocks of ``KEY_BLOCK`` by absolute position (the last one padded with
+    masked keys). Every block is computed with the same shapes, whatever the cache's length: its
+    scores, their exponentials (after the row's maximum, which is exact in any order), its sum and
+    its share of the output. The blocks are then added in order, by a sequential scan; blocks past
+    a row's position add exact zeros. So a row's result does not depend on how many keys or rows
+    the forward holds. Shapes as transformers passes them: query [B, H, q, d], key/value
+    [B, H_kv, L, d] → [B, q, H, d].
+    """
+    B, H, q, d = query.shape
+    H_kv, L = key.shape[1], key.shape[2]
+    groups = H // H_kv
+    M = groups * q  # the query heads of one key head, side by side (no copy of the keys per head)
+    nb = math.ceil(L / KEY_BLOCK)
+    pad = nb * KEY_BLOCK - L
+    if pad:
+        key = torch.nn.functional.pad(key, (0, 0, 0, pad))
+        value = torch.nn.functional.pad(value, (0, 0, 0, pad))
+    k = key.float().reshape(B, H_kv, nb, KEY_BLOCK, d)
+    v = value.float().reshape(B, H_kv, nb, KEY_BLOCK, d)
+    qg = query.float().reshape(B, H_kv, 1, M, d)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+    s = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [B, H_kv, nb, M, KEY_BLOCK]
+    s = s.masked_fill_(_future(L, q, groups, nb), float("-inf"))
+    e = torch.exp(s - s.amax(dim=(2, 4), keepdim=True))
+    total = e.sum(-1, keepdim=True).cumsum(2)[:, :, -1]  # [B, H_kv, M, 1]
+    out = torch.matmul(e, v).cumsum(2)[:, :, -1] / total  # [B, H_kv, M, d]
+    out = out.reshape(B, H, q, d).transpose(1, 2).contiguous()
+    return out.to(query.dtype), None
+
+
+@functools.lru_cache(maxsize=64)
+def _future(L: int, q: int, groups: int, nb: int) -> torch.Tensor:
+    """[nb, groups*q, KEY_BLOCK] bool: the keys each query row may not see (past its position)."""
+    pos = torch.arange(L - q, L).repeat(groups)  # each row's position
+    keys = torch.arange(nb * KEY_BLOCK).view(nb, 1, KEY_BLOCK)
+    return keys > pos.view(1, -1, 1)
+
+
+def _no_mask(*args, **kwargs):
+    return None
+
+
+def register_attention() -> str:
+    """Register :func:`invariant_attention` with transformers (once); returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, invariant_attention)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+    return ATTENTION
+
+
+def make_invariant(model: torch.nn.Module) -> None:
+    """Turn a loaded CPU model into the batch-invariant int8 target (in place)."""
+    quantize_rows(model)
+    name = register_attention()
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:
+        model.config._attn_implementation = name

@@ -1,0 +1,294 @@
+"""Causal LMs on llama.cpp's CPU kernels (``llama-cpp-python``), behind the interface of
+:mod:`.model` (``CausalLM`` / ``KVSession``): the GGUF file as it is (quantized weights, no fp32
+copy), the KV cache in llama.cpp, rollback by removing KV cells.
+
+**Batch invariance by construction.** llama.cpp computes a row differently depending on how many
+rows its batch holds (its quantized matmuls pick other kernels for one row than for several, and
+their activations are quantized and accumulated in another order), so a verification forward over
+k+1 tokens gives logits that differ from k+1 one-token forwards: measured on Qwen2.5-Coder-1.5B
+Q4_K_M here, by up to 0.4-0.9 in the logits, enough to change a greedy answer at a near-tie. The
+fix is to make every decode-time forward of the target the *same shape*: with ``rows=R`` each
+forward of up to R tokens is padded to exactly R rows (the padding sits at later positions, so the
+causal mask hides it from the real rows, and its KV cells are removed right after). A one-token
+plain step and a (k+1)-token verification then run the same kernels over the same shapes, and each
+row's logits are equal bit for bit. Prompt chunks longer than R run as they are: plain decoding and
+speculative decoding prefill the same prompt with the same chunks, so their KV caches start equal.
+``tests/test_llama_cpp.py`` checks both halves on real GGUF checkpoints: the unpadded path differs,
+the padded one is equal across k = 1…R-1, prompt lengths and KV lengths past the cache's 256-cell
+blocks.
+
+Every session owns a llama.cpp context (its KV cache) taken from a per-model pool and returned,
+cleared, when the session is dropped, so a new request does not pay for allocating one.
+
+>>> lm = load_llama_cpp_lm("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", rows=8)  # doctest: +SKIP
+>>> s = lm.session(); s.extend([1, 2, 3], keep=1).shape  # doctest: +SKIP
+torch.Size([1, 151936])
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, ModelLoadError, RequestError
+from ..tokenizer import TokenizerView, load_tokenizer
+
+INSTALL_HINT = (
+    "the llama.cpp kernels need llama-cpp-python: pip install 'vocabbridge[llama]' "
+    "(it builds llama.cpp from source; on x86-64 set CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON' "
+    "where the CPU has AVX-512: the native build with AMX crashes in llama_decode)"
+)
+DEFAULT_CTX = 8192  # KV cells per session: ~230 MB of f16 KV for the 1.5B target
+BATCH = 512  # tokens per llama_decode call (a longer prefill chunk is split)
+LLAMA_ROWS = 8  # rows of every decode-time target forward: k + 1 ≤ 8, so k ≤ 7 (a longer draft is verified in pieces)
+
+
+def _llama():
+    """The ``llama_cpp`` module (imported on first use: it loads a shared library), its log silenced."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise ConfigError(f"--kernels llama.cpp: {INSTALL_HINT} ({e}).") from e
+    if not getattr(_llama, "ready", False):
+        _llama.log_cb = llama_cpp.llama_log_callback(lambda level, text, user: None)  # kept: C holds the pointer
+        if not os.environ.get("VOCABBRIDGE_LLAMA_LOG"):
+            llama_cpp.llama_log_set(_llama.log_cb, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _llama.ready = True
+    return llama_cpp
+
+
+def system_info() -> str:
+    """What the installed llama.cpp was built with (``AVX2 = 1 | AVX512 = 1 …``)."""
+    return _llama().llama_print_system_info().decode().strip()
+
+
+class NoHiddenStates:
+    """Stands in for ``CausalLM.final_norm``: an MTP head needs the target's hidden states, which
+    this backend does not hand out."""
+
+    def register_forward_hook(self, *_):
+        raise ConfigError("an MTP head reads the target's hidden states, which the llama.cpp kernels do not expose; use --kernels torch.")
+
+
+@dataclass(eq=False)
+class LlamaCppLM:
+    """A GGUF model loaded by llama.cpp. ``rows``: the fixed row count of every decode-time forward
+    (None: batches run as they come, not batch-invariant; drafters need no more)."""
+
+    path: Path
+    view: TokenizerView
+    source: str
+    vocab_size: int
+    max_context: int
+    rows: int | None
+    threads: int
+    ctx_size: int
+    load_seconds: float = 0.0
+    forwards: int = 0
+    device: str = "cpu"
+    dtype: str = "gguf"
+    _model: object = field(default=None, repr=False)
+    _pool: list = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    final_norm = NoHiddenStates()
+
+    def session(self) -> LlamaSession:
+        return LlamaSession(self)
+
+    # ---- contexts: one per session, pooled -------------------------------------------------
+
+    def _acquire(self):
+        with self._lock:
+            if self._pool:
+                return self._pool.pop()
+        L = _llama()
+        cp = L.llama_context_default_params()
+        cp.n_ctx = self.ctx_size
+        cp.n_batch = cp.n_ubatch = BATCH
+        cp.n_seq_max = 1
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.no_perf = True
+        cp.flash_attn_type = int(os.environ.get("VB_FA", "-1"))
+        ctx = L.llama_init_from_model(self._model, cp)
+        if not ctx:
+            raise ModelLoadError(f"{self.name}: llama.cpp could not create a context of {self.ctx_size} tokens (out of memory?).")
+        return ctx
+
+    def _release(self, ctx) -> None:
+        L = _llama()
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        with self._lock:
+            self._pool.append(ctx)
+
+
+class LlamaSession:
+    """One request's KV cache in a llama.cpp context; ``ids`` are the tokens it holds, in order."""
+
+    def __init__(self, lm: LlamaCppLM):
+        self.lm = lm
+        self.ctx = lm._acquire()
+        self.mem = _llama().llama_get_memory(self.ctx)
+        self.ids: list[int] = []
+        self._batch = _llama().llama_batch_init(BATCH, 0, 1)
+        weakref.finalize(self, _close, lm, self.ctx, self._batch)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool = False) -> torch.Tensor:
+        """Feed ``tokens``; return float32 logits of the last ``keep`` positions: [keep, V]."""
+        if hidden:
+            NoHiddenStates().register_forward_hook()
+        if not tokens:
+            raise ValueError("extend() needs at least one token")
+        if len(self.ids) + len(tokens) > self.lm.max_context:
+            raise RequestError(
+                f"context of {len(self.ids) + len(tokens)} tokens exceeds {self.lm.name}'s limit of "
+                f"{self.lm.max_context} on the llama.cpp kernels; shorten the prompt or lower max_tokens "
+                f"(or raise VOCABBRIDGE_LLAMA_CTX, {self.lm.ctx_size} now)."
+            )
+        keep = min(keep, len(tokens))
+        R = self.lm.rows
+        # A forward that wants several positions' logits is a verification: R rows at a time. One that
+        # wants the last only is a prompt chunk (or a plain step, ≤ R tokens, padded all the same).
+        size = R if R is not None and keep > 1 else BATCH
+        out = []
+        start = 0
+        while start < len(tokens):
+            piece = tokens[start : start + size]
+            first_kept = max(0, len(tokens) - keep - start)  # within this piece
+            want = range(first_kept, len(piece)) if first_kept < len(piece) else range(0)
+            pad = R - len(piece) if R is not None and len(piece) < R else 0
+            out.append(self._decode(piece, list(want), pad))
+            self.ids.extend(piece)
+            start += len(piece)
+        self.lm.forwards += 1
+        logits = np.concatenate([o for o in out if len(o)])
+        return torch.from_numpy(logits)
+
+    def _decode(self, piece: list[int], want: list[int], pad: int) -> np.ndarray:
+        L = _llama()
+        b = self._batch
+        p0 = len(self.ids)
+        n = len(piece) + pad
+        wanted = set(want)
+        for i in range(n):
+            b.token[i] = piece[i] if i < len(piece) else piece[-1]
+            b.pos[i] = p0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1 if i in wanted else 0
+        b.n_tokens = n
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            L.llama_memory_seq_rm(self.mem, 0, p0, -1)
+            raise RequestError(f"llama.cpp could not decode {n} tokens at position {p0} (llama_decode returned {rc}).")
+        if pad:
+            L.llama_memory_seq_rm(self.mem, 0, p0 + len(piece), -1)  # the padding's KV cells
+        V = self.lm.vocab_size
+        if not want:
+            return np.empty((0, V), np.float32)
+        ptr = L.llama_get_logits(self.ctx)  # the requested rows, in batch order
+        return np.ctypeslib.as_array(ptr, shape=(len(want) * V,)).reshape(len(want), V).copy()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cached tokens (rollback after a rejection)."""
+        if n < len(self.ids):
+            _llama().llama_memory_seq_rm(self.mem, 0, n, -1)
+            del self.ids[n:]
+
+    def sync(self, want: list[int], *, keep: int = 1) -> torch.Tensor:
+        """Make the cache hold exactly ``want``: drop what differs, feed the rest (at least one token)."""
+        n = 0
+        for a, b in zip(self.ids, want):
+            if a != b:
+                break
+            n += 1
+        if n == len(want):
+            n -= 1
+        self.truncate(n)
+        return self.extend(want[n:], keep=keep)
+
+
+def _close(lm: LlamaCppLM, ctx, batch) -> None:
+    L = _llama()
+    L.llama_batch_free(batch)
+    lm._release(ctx)
+
+
+def gguf_file(source: str) -> Path:
+    """The GGUF file behind a source (a .gguf path, or a folder holding exactly one)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    raise ModelLoadError(
+        f"{source}: the llama.cpp kernels run GGUF files; pass a .gguf file (or set VOCABBRIDGE_MODELS so the "
+        "presets resolve to their GGUF files), or use --kernels torch for a transformers checkpoint."
+    )
+
+
+def load_llama_cpp_lm(
+    source: str,
+    *,
+    tokenizer: str | TokenizerView | None = None,
+    rows: int | None = None,
+    threads: int | None = None,
+    ctx_size: int | None = None,
+) -> LlamaCppLM:
+    """Load a GGUF model on llama.cpp's CPU kernels (``rows``: see :class:`LlamaCppLM`)."""
+    path = gguf_file(source)
+    L = _llama()
+    t0 = time.perf_counter()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    mp.use_extra_bufts = os.environ.get("VB_REPACK", "1") == "1"
+    model = L.llama_model_load_from_file(str(path).encode(), mp)
+    if not model:
+        raise ModelLoadError(f"{path}: llama.cpp could not load it (a truncated or corrupt GGUF file?).")
+    vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    n_train = L.llama_model_n_ctx_train(model)
+    ctx = ctx_size or int(os.environ.get("VOCABBRIDGE_LLAMA_CTX", DEFAULT_CTX))
+    ctx = min(ctx, n_train) if n_train > 0 else ctx
+    if rows is not None and rows < 1:
+        raise ConfigError(f"rows must be ≥ 1, got {rows}.")
+    view = tokenizer if isinstance(tokenizer, TokenizerView) else load_tokenizer(tokenizer or str(path))
+    lm = LlamaCppLM(
+        path=path,
+        view=view,
+        source=source,
+        vocab_size=vocab,
+        max_context=ctx - (rows or 1),  # room for the padding rows
+        rows=rows,
+        threads=threads or os.cpu_count() or 1,
+        ctx_size=ctx,
+        load_seconds=time.perf_counter() - t0,
+        _model=model,
+    )
+    weakref.finalize(lm, _free_model, model, lm._pool)
+    return lm
+
+
+def _free_model(model, pool: list) -> None:
+    L = _llama()
+    for ctx in pool:
+        L.llama_free(ctx)
+    pool.clear()
+    L.llama_model_free(model)
