@@ -21,9 +21,9 @@ from ..spec import EngineSpec, resolve_method
 from ..tokenizer import TokenizerView, load_tokenizer, same_vocabulary
 from .drafters import Drafter, NgramFirstDrafter
 from .engine import SpecEngine
-from .memory import check_fits
-from .llama_cpp import LLAMA_ROWS, load_llama_cpp_lm
 from .invariant import INVARIANT_ROWS
+from .llama_cpp import load_llama_cpp_lm
+from .memory import check_fits
 from .model import QUANTIZED, CausalLM, drafter_dtype_for, load_causal_lm, resolve_device
 
 __all__ = ["BuiltEngine", "EngineSpec", "build_engine", "drafter_dtype", "make_drafter"]
@@ -86,7 +86,9 @@ def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> di
     device = resolve_device(spec.device)
     llama = spec.kernels == "llama.cpp"
     if llama and device != "cpu":
-        raise ConfigError(f"--kernels llama.cpp runs on the CPU (this build of it); drop --device {spec.device} or use --kernels torch.")
+        raise ConfigError(
+            f"--kernels llama.cpp runs on the CPU (this build of it); drop --device {spec.device} or use --kernels torch."
+        )
     if llama and spec.drafter_method == "mtp":
         raise ConfigError(
             "--drafter mtp reads the target's hidden states, which the llama.cpp kernels do not expose; use --kernels torch."
@@ -114,20 +116,20 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
     loaded = loaded if loaded is not None else {}
     views = preflight(spec, loaded)
 
-    def get(name: str, dtype: str, rows: int | None = None) -> CausalLM:
+    def get(name: str, dtype: str, target: bool = False) -> CausalLM:
         src = resolve_model(name)
-        if spec.kernels == "llama.cpp":  # the GGUF as it is; the target's forwards padded to `rows`
-            key = f"{src}@llama.cpp" + (f"/rows={rows}" if rows else "")
+        if spec.kernels == "llama.cpp":  # the GGUF as it is; the target batch-invariant
+            key = f"{src}@llama.cpp" + ("/invariant" if target else "")
             if key not in loaded:
-                loaded[key] = load_llama_cpp_lm(src, tokenizer=views.get(src), rows=rows)
+                loaded[key] = load_llama_cpp_lm(src, tokenizer=views.get(src), invariant=target)
             return loaded[key]
-        rows = rows if dtype in QUANTIZED else None  # an int8 target: batch-invariant, its forwards padded
+        rows = INVARIANT_ROWS if target and dtype in QUANTIZED else None  # an int8 target: batch-invariant
         key = (src if dtype == spec.dtype else f"{src}@{dtype}") + (f"/rows={rows}" if rows else "")
         if key not in loaded:
             loaded[key] = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device, rows=rows)
         return loaded[key]
 
-    target = get(spec.target_name, spec.dtype, rows=LLAMA_ROWS if spec.kernels == "llama.cpp" else INVARIANT_ROWS)
+    target = get(spec.target_name, spec.dtype, target=True)
     drafter_lm = get(spec.drafter, drafter_dtype(spec)) if spec.uses_model else None
     drafter, mode, notes = make_drafter(spec, target, drafter_lm)
     engine = SpecEngine(

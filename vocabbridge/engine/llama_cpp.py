@@ -2,25 +2,27 @@
 :mod:`.model` (``CausalLM`` / ``KVSession``): the GGUF file as it is (quantized weights, no fp32
 copy), the KV cache in llama.cpp, rollback by removing KV cells.
 
-**Batch invariance by construction.** llama.cpp computes a row differently depending on how many
-rows its batch holds (its quantized matmuls pick other kernels for one row than for several, and
-their activations are quantized and accumulated in another order), so a verification forward over
-k+1 tokens gives logits that differ from k+1 one-token forwards: measured on Qwen2.5-Coder-1.5B
-Q4_K_M here, by up to 0.4-0.9 in the logits, enough to change a greedy answer at a near-tie. The
-fix is to make every decode-time forward of the target the *same shape*: with ``rows=R`` each
-forward of up to R tokens is padded to exactly R rows (the padding sits at later positions, so the
-causal mask hides it from the real rows, and its KV cells are removed right after). A one-token
-plain step and a (k+1)-token verification then run the same kernels over the same shapes, and each
-row's logits are equal bit for bit. Prompt chunks longer than R run as they are: plain decoding and
-speculative decoding prefill the same prompt with the same chunks, so their KV caches start equal.
-``tests/test_llama_cpp.py`` checks both halves on real GGUF checkpoints: the unpadded path differs,
-the padded one is equal across k = 1…R-1, prompt lengths and KV lengths past the cache's 256-cell
-blocks.
+**Batch invariance, measured.** llama.cpp computes a row differently depending on how many rows
+its batch holds, so a verification forward over k+1 tokens gives logits that differ from k+1
+one-token forwards: by up to 0.4-0.9 in the logits on Qwen2.5-Coder-1.5B Q4_K_M here, enough to
+change a greedy answer at a near-tie. Measured on this build (0.3.36, AVX-512, 2 threads) with
+the weight repacking off: every batch of 2 to 7 rows computes each row bit for bit the same, while
+one row alone and 8 or more rows take other kernels (and with repacking on, a row's place in its
+group of columns matters too). So a batch-invariant model (``invariant=True``, the target) loads
+without repacking, pads every one-token forward to two rows (the padding sits at the next
+position, hidden by the causal mask, its KV cell removed right after) and verifies at most
+``MAX_ROWS`` rows per forward. Prompt chunks run as they are: plain and speculative decoding
+prefill the same prompt with the same chunks. ``tests/test_llama_cpp.py`` checks it on a real GGUF.
+
+The price on this CPU: llama.cpp's quantized matmuls are bound by compute, not by reading the
+weights, so a forward costs about one row's time per row (1.5B: 52 ms for one row, 97 for two,
+171 for five): speculative decoding cannot pay here, and the torch int8 target
+(:mod:`.invariant`) is the faster exact backend. On a CPU whose kernels amortize rows it would.
 
 Every session owns a llama.cpp context (its KV cache) taken from a per-model pool and returned,
 cleared, when the session is dropped, so a new request does not pay for allocating one.
 
->>> lm = load_llama_cpp_lm("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", rows=8)  # doctest: +SKIP
+>>> lm = load_llama_cpp_lm("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", invariant=True)  # doctest: +SKIP
 >>> s = lm.session(); s.extend([1, 2, 3], keep=1).shape  # doctest: +SKIP
 torch.Size([1, 151936])
 """
@@ -48,7 +50,7 @@ INSTALL_HINT = (
 )
 DEFAULT_CTX = 8192  # KV cells per session: ~230 MB of f16 KV for the 1.5B target
 BATCH = 512  # tokens per llama_decode call (a longer prefill chunk is split)
-LLAMA_ROWS = 8  # rows of every decode-time target forward: k + 1 ≤ 8, so k ≤ 7 (a longer draft is verified in pieces)
+MIN_ROWS, MAX_ROWS = 2, 7  # the batch sizes whose rows llama.cpp computes alike (measured; see above)
 
 
 def _llama():
@@ -76,20 +78,22 @@ class NoHiddenStates:
     this backend does not hand out."""
 
     def register_forward_hook(self, *_):
-        raise ConfigError("an MTP head reads the target's hidden states, which the llama.cpp kernels do not expose; use --kernels torch.")
+        raise ConfigError(
+            "an MTP head reads the target's hidden states, which the llama.cpp kernels do not expose; use --kernels torch."
+        )
 
 
 @dataclass(eq=False)
 class LlamaCppLM:
-    """A GGUF model loaded by llama.cpp. ``rows``: the fixed row count of every decode-time forward
-    (None: batches run as they come, not batch-invariant; drafters need no more)."""
+    """A GGUF model loaded by llama.cpp. ``invariant``: decode-time forwards shaped so that each
+    row's logits do not depend on the batch (the target; drafters need no such care)."""
 
     path: Path
     view: TokenizerView
     source: str
     vocab_size: int
     max_context: int
-    rows: int | None
+    invariant: bool
     threads: int
     ctx_size: int
     load_seconds: float = 0.0
@@ -122,7 +126,6 @@ class LlamaCppLM:
         cp.n_seq_max = 1
         cp.n_threads = cp.n_threads_batch = self.threads
         cp.no_perf = True
-        cp.flash_attn_type = int(os.environ.get("VB_FA", "-1"))
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(f"{self.name}: llama.cpp could not create a context of {self.ctx_size} tokens (out of memory?).")
@@ -162,17 +165,17 @@ class LlamaSession:
                 f"(or raise VOCABBRIDGE_LLAMA_CTX, {self.lm.ctx_size} now)."
             )
         keep = min(keep, len(tokens))
-        R = self.lm.rows
-        # A forward that wants several positions' logits is a verification: R rows at a time. One that
-        # wants the last only is a prompt chunk (or a plain step, ≤ R tokens, padded all the same).
-        size = R if R is not None and keep > 1 else BATCH
+        inv = self.lm.invariant
+        # A forward that wants several positions' logits is a verification: at most MAX_ROWS rows at a
+        # time. One that wants the last only is a prompt chunk (or a plain step, padded to MIN_ROWS).
+        size = MAX_ROWS if inv and keep > 1 else BATCH
         out = []
         start = 0
         while start < len(tokens):
             piece = tokens[start : start + size]
             first_kept = max(0, len(tokens) - keep - start)  # within this piece
             want = range(first_kept, len(piece)) if first_kept < len(piece) else range(0)
-            pad = R - len(piece) if R is not None and len(piece) < R else 0
+            pad = MIN_ROWS - len(piece) if inv and len(piece) < MIN_ROWS else 0
             out.append(self._decode(piece, list(want), pad))
             self.ids.extend(piece)
             start += len(piece)
@@ -249,17 +252,17 @@ def load_llama_cpp_lm(
     source: str,
     *,
     tokenizer: str | TokenizerView | None = None,
-    rows: int | None = None,
+    invariant: bool = False,
     threads: int | None = None,
     ctx_size: int | None = None,
 ) -> LlamaCppLM:
-    """Load a GGUF model on llama.cpp's CPU kernels (``rows``: see :class:`LlamaCppLM`)."""
+    """Load a GGUF model on llama.cpp's CPU kernels (``invariant``: see :class:`LlamaCppLM`)."""
     path = gguf_file(source)
     L = _llama()
     t0 = time.perf_counter()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
-    mp.use_extra_bufts = os.environ.get("VB_REPACK", "1") == "1"
+    mp.use_extra_bufts = not invariant  # weight repacking: faster, but a row's place in the batch then matters
     model = L.llama_model_load_from_file(str(path).encode(), mp)
     if not model:
         raise ModelLoadError(f"{path}: llama.cpp could not load it (a truncated or corrupt GGUF file?).")
@@ -267,16 +270,14 @@ def load_llama_cpp_lm(
     n_train = L.llama_model_n_ctx_train(model)
     ctx = ctx_size or int(os.environ.get("VOCABBRIDGE_LLAMA_CTX", DEFAULT_CTX))
     ctx = min(ctx, n_train) if n_train > 0 else ctx
-    if rows is not None and rows < 1:
-        raise ConfigError(f"rows must be ≥ 1, got {rows}.")
     view = tokenizer if isinstance(tokenizer, TokenizerView) else load_tokenizer(tokenizer or str(path))
     lm = LlamaCppLM(
         path=path,
         view=view,
         source=source,
         vocab_size=vocab,
-        max_context=ctx - (rows or 1),  # room for the padding rows
-        rows=rows,
+        max_context=ctx - MIN_ROWS,  # room for the padding row
+        invariant=invariant,
         threads=threads or os.cpu_count() or 1,
         ctx_size=ctx,
         load_seconds=time.perf_counter() - t0,

@@ -1,0 +1,118 @@
+"""The engine on llama.cpp's kernels (``--kernels llama.cpp``, engine/llama_cpp.py), on real GGUF files.
+
+Needs ``llama-cpp-python`` (``pip install 'vocabbridge[llama]'``); without it the tests skip, saying
+so, unless ``VOCABBRIDGE_REQUIRE_LLAMA=1`` (as in CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from vocabbridge.engine import SamplingParams, SpecEngine
+from vocabbridge.engine.factory import build_engine
+from vocabbridge.engine.llama_cpp import MAX_ROWS, load_llama_cpp_lm, system_info
+from vocabbridge.errors import ConfigError, ModelLoadError, RequestError
+from vocabbridge.spec import EngineSpec
+
+from .test_invariant import QWEN05
+from .test_real_models import PROMPTS, SMOL, smol  # noqa: F401  (the fixture)
+
+if importlib.util.find_spec("llama_cpp") is None:
+    why = "needs llama-cpp-python: pip install 'vocabbridge[llama]'"
+    if os.environ.get("VOCABBRIDGE_REQUIRE_LLAMA"):
+        raise RuntimeError(why + " (VOCABBRIDGE_REQUIRE_LLAMA is set)")
+    pytest.skip(why, allow_module_level=True)
+
+
+def _need(path):
+    if not path.is_file():
+        why = f"needs {path} (../shared/tools/fetch-models.sh DEST smollm2-135m qwen2.5-coder-0.5b)"
+        if os.environ.get("VOCABBRIDGE_REQUIRE_REAL"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    """Qwen2.5-Coder-0.5B Q4_K_M: its K-quant matmuls are the ones that change with the batch
+    (SmolLM2's Q4_1 ones happen not to)."""
+    _need(QWEN05)
+    return {False: load_llama_cpp_lm(str(QWEN05), invariant=False), True: load_llama_cpp_lm(str(QWEN05), invariant=True)}
+
+
+def _worst(lm, prompt_len: int, k: int, steps: int = 14) -> float:
+    """Largest |verification logit − plain logit| over ``steps`` greedy positions (see test_invariant)."""
+    g = torch.Generator().manual_seed(prompt_len)
+    prompt = torch.randint(3, 40000, (prompt_len,), generator=g).tolist()
+    s = lm.session()
+    tok = int(s.extend(prompt)[-1].argmax())
+    toks, plain = [], []
+    for _ in range(steps):
+        toks.append(tok)
+        row = s.extend([tok])[0]
+        plain.append(row)
+        tok = int(row.argmax())
+    plain = torch.stack(plain)
+    s.truncate(prompt_len)
+    worst = 0.0
+    for i in range(0, steps - k, k + 1):
+        got = s.extend(toks[i : i + k + 1], keep=k + 1)
+        worst = max(worst, float((got - plain[i : i + k + 1]).abs().max()))
+    return worst
+
+
+def test_the_naive_path_differs_from_plain_rows(gguf):
+    assert max(_worst(gguf[False], 60, k) for k in (1, 3, 4)) > 1e-4, system_info()
+
+
+@pytest.mark.parametrize("prompt_len", [5, 250, 260])
+def test_invariant_verification_equals_plain_rows_bit_for_bit(gguf, prompt_len):
+    """k = 1…8 (k + 1 > MAX_ROWS verifies in pieces), KV lengths across llama.cpp's 256-cell padding."""
+    for k in range(1, 9):
+        assert _worst(gguf[True], prompt_len, k) == 0.0, (k, system_info())
+    assert MAX_ROWS >= 5  # k = 4 verifies in one forward
+
+
+def test_sessions_roll_back_and_reuse_contexts(gguf):
+    lm = gguf[True]
+    s = lm.session()
+    first = s.extend([1, 2, 3, 4], keep=2)
+    assert first.shape == (2, lm.vocab_size) and s.ids == [1, 2, 3, 4]
+    s.truncate(2)
+    assert s.ids == [1, 2]
+    again = s.extend([3, 4], keep=2)
+    assert torch.equal(again, first)
+    assert torch.equal(s.sync([1, 2, 3, 4], keep=1), first[-1:])  # nothing new: the last token is fed again
+    del s
+    assert lm._pool  # the context went back, cleared, for the next request
+    with pytest.raises(RequestError, match="exceeds"):
+        lm.session().extend([1] * (lm.max_context + 1))
+
+
+def test_a_non_gguf_source_and_mtp_are_refused(smol, tmp_path):  # noqa: F811
+    with pytest.raises(ModelLoadError, match="GGUF"):
+        load_llama_cpp_lm(str(tmp_path))
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ModelLoadError, match="corrupt"):
+        load_llama_cpp_lm(str(bad))
+    with pytest.raises(ConfigError, match="hidden states"):
+        build_engine(EngineSpec(target=str(SMOL), drafter="mtp", kernels="llama.cpp"))
+
+
+@pytest.mark.parametrize("drafter, mode", [("ngram", "auto"), ("self", "draft"), ("qwen", "text"), ("qwen", "bridged")])
+def test_every_drafter_is_token_identical_on_llama_cpp(smol, drafter, mode):  # noqa: F811
+    if drafter == "qwen":
+        _need(QWEN05)
+    name = {"self": str(SMOL), "qwen": str(QWEN05)}.get(drafter, drafter)
+    built = build_engine(EngineSpec(target=str(SMOL), drafter=name, mode=mode, kernels="llama.cpp"), loaded=smol)
+    assert built.target.invariant and built.target.dtype == "gguf"
+    plain = SpecEngine(built.target)
+    params = SamplingParams(max_new_tokens=32)
+    for p in PROMPTS:
+        ids = built.target.view.encode(p)
+        assert built.engine.generate(ids, params).tokens == plain.generate(ids, params).tokens, (drafter, mode, p)
