@@ -41,7 +41,7 @@ from vocabbridge.report import fmt_float, fmt_pct  # noqa: E402
 from vocabbridge.spec import EngineSpec  # noqa: E402
 
 MAP = ROOT / "maps" / "smollm2_to_qwen2.5.json"
-DTYPE_TAGS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}  # in configuration names: emb-bf16:none
+DTYPE_TAGS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}  # in configuration names: emb-bf16:none, emb-int8:ngram
 
 
 def log(msg: str, out) -> None:
@@ -175,7 +175,14 @@ def main() -> None:
     ap.add_argument("--min-confidence", type=float, default=0.3)
     ap.add_argument("--vllm-args", default="--max-model-len 8192", help="extra `vllm serve` arguments (one string)")
     ap.add_argument("--vllm-dtype", default="auto", help="vLLM's dtype (auto: bf16 on its CPU build)")
-    ap.add_argument("--emb-dtype", default="auto", help="the embedded engine's target dtype (auto: fp32 on a CPU, exact greedy)")
+    ap.add_argument(
+        "--emb",
+        "--emb-dtype",
+        dest="emb",
+        default="auto",
+        help="the embedded engine's variants, comma-separated: a target dtype (auto = fp32 on a CPU; int8 = the "
+        "batch-invariant int8 target) or llama.cpp (the engine on llama.cpp's kernels)",
+    )
     ap.add_argument("--llama-python", help="a Python with llama-cpp-python[server] (its own venv)")
     ap.add_argument("--llama-threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--llama-lookup", type=int, default=10, help="prompt-lookup tokens (llama-cpp-python's default)")
@@ -193,10 +200,13 @@ def main() -> None:
     base = EngineSpec(target=args.target, num_speculative_tokens=args.k, min_confidence=args.min_confidence)
     s, d = args.small, args.draft
     plan = []
-    e = "emb" if args.emb_dtype == "auto" else f"emb-{DTYPE_TAGS.get(args.emb_dtype, args.emb_dtype)}"
+    variants = args.emb.split(",")
+    tags = ["emb" if v == "auto" else f"emb-{DTYPE_TAGS.get(v, v)}" for v in variants]
+    e = tags[0]
     vl = "vllm" if args.vllm_dtype == "auto" else f"vllm-{DTYPE_TAGS.get(args.vllm_dtype, args.vllm_dtype)}"
-    if "embedded" in engines:
-        emb = LaunchSettings(base.replace(dtype=args.emb_dtype), backend="embedded", launch="inprocess")
+    for variant, e in zip(variants if "embedded" in engines else [], tags):
+        vspec = base.replace(kernels="llama.cpp") if variant == "llama.cpp" else base.replace(dtype=variant)
+        emb = LaunchSettings(vspec, backend="embedded", launch="inprocess")
         plan.append(
             (
                 emb,
@@ -231,7 +241,7 @@ def main() -> None:
             )
         )
         plan.append((vm, [DrafterChoice(f"{vl}:{s}:tli+map", s, "tli"), DrafterChoice(f"{vl}:{s}:bridged", s, "bridged")]))
-    baseline = next((f"{x}:none" for x in (e, vl) if args.only is None or f"{x}:none" in args.only), None)
+    baseline = next((f"{x}:none" for x in (*tags, vl) if args.only is None or f"{x}:none" in args.only), None)
     configs = []
     log(
         f"side by side: target {args.target} ({resolve_model(args.target)}), {len(prompts)} prompts, {args.max_tokens} tokens, "
@@ -263,7 +273,8 @@ def main() -> None:
         prompts,
         dataclasses.replace(settings, baseline=baseline if any(c.name == baseline for c in configs) else None),
         notes=[
-            f"engines: {e} = vocabbridge's engine (target dtype {args.emb_dtype}: auto is fp32; int8 drafters), {vl} = vLLM's CPU build "
+            f"engines: {', '.join(tags)} = vocabbridge's engine (target {args.emb}: auto is fp32, int8 the batch-invariant int8 "
+            f"target, llama.cpp its llama.cpp kernels; int8 drafters on torch), {vl} = vLLM's CPU build "
             f"(dtype {args.vllm_dtype}; serve args {args.vllm_args!r}), llama = llama-cpp-python's server on the GGUF file itself",
         ],
     )

@@ -50,6 +50,41 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
+def _llama_check() -> Check:
+    """llama-cpp-python (``--kernels llama.cpp``): installed, and built for this CPU's vector units."""
+    v = _v("llama-cpp-python")
+    if v is None:
+        return Check("llama.cpp", "info", "llama-cpp-python not installed: --kernels llama.cpp unavailable", LLAMA_INSTALL)
+    try:
+        from .engine.llama_cpp import system_info
+
+        info = system_info()
+    except Exception as e:  # a build that does not load is what this check is for
+        return Check("llama.cpp", "fail", f"llama-cpp-python {v} does not load: {e}", LLAMA_INSTALL)
+    flags = _cpu_flags()
+    missing = "avx512f" in flags and "AVX512 = 1" not in info
+    units = [x.split("=")[0].split(":")[-1].strip() for x in info.split("|") if x.strip().endswith("= 1")]
+    what = f"llama-cpp-python {v}, built with {' '.join(units)}"
+    if missing:
+        return Check("llama.cpp", "warn", what + " — built without AVX-512 on an AVX-512 CPU", LLAMA_INSTALL)
+    return Check("llama.cpp", "ok", what)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+LLAMA_INSTALL = (
+    "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON' pip install --no-cache-dir --force-reinstall "
+    "'vocabbridge[llama]' (leave out the AVX512 flags on a CPU without it; the native build with AMX crashes)"
+)
+
+
 def run_checks(*, launch_vllm: bool = True) -> tuple[list[Check], object]:
     """Every check, and the vLLM inspection (for ``--fix``)."""
     checks = [Check("python", "ok", f"{platform.python_version()} on {platform.system()} {platform.machine()}")]
@@ -112,8 +147,7 @@ def run_checks(*, launch_vllm: bool = True) -> tuple[list[Check], object]:
                     "start-up takes 0.5-5 minutes (add `-- -O0` to skip torch.compile)",
                 )
             )
-    llama = _v("llama-cpp-python")
-    checks.append(Check("llama.cpp", "ok" if llama else "info", llama or "llama-cpp-python not installed (optional)"))
+    checks.append(_llama_check())
     folder = models_dir()
     local = [n for n in PRESETS if resolve_model(n) != PRESETS[n].hub_id]
     if folder is None:

@@ -1,0 +1,87 @@
+"""The cost of one target forward as a function of its rows (1…8), per backend: what a (k+1)-token
+verification costs next to a one-token step, the number speculative decoding lives on.
+
+    VOCABBRIDGE_MODELS=/work/models python benchmarks/bench_rows.py --target qwen2.5-coder-1.5b \\
+        --out benchmarks/results/2026-12-01-exact-cpu/rows.md
+
+Backends (the same GGUF checkpoint): torch fp32 (the engine's default on a CPU, linears pre-packed
+for oneDNN), torch int8 as fbgemm's dynamic quantization has it (one activation scale per batch:
+not batch-invariant), our batch-invariant int8 (engine/invariant.py; its forwards are padded to
+INVARIANT_ROWS rows, so the cost below is for the rows as given and the engine pays the padded
+count), llama.cpp as it ships (weight repacking on) and llama.cpp as the engine's target runs it
+(repacking off, one row padded to two). Each cell: the median of --repeats forwards over a
+--context-token cache; the ratio is against the same backend's one-row forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vocabbridge.presets import resolve_model  # noqa: E402
+
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
+def measure(lm, context: int, repeats: int) -> dict[int, float]:
+    s = lm.session()
+    s.extend(list(range(1000, 1000 + context)))
+    out = {}
+    for r in ROWS:
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            s.extend(list(range(2000, 2000 + r)), keep=r)
+            times.append(time.perf_counter() - t0)
+            s.truncate(context)
+        out[r] = statistics.median(times[1:])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--context", type=int, default=300, help="tokens in the cache before the measured forward")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--backends", default="fp32,int8-naive,int8-invariant,llama.cpp,llama.cpp-invariant")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    src = resolve_model(args.target)
+    rows = {}
+    for name in args.backends.split(","):
+        print(f"{name}: loading {src}…", file=sys.stderr, flush=True)
+        if name.startswith("llama.cpp"):
+            from vocabbridge.engine.llama_cpp import load_llama_cpp_lm
+
+            lm = load_llama_cpp_lm(src, invariant=name.endswith("invariant"))
+        else:
+            from vocabbridge.engine.model import load_causal_lm
+
+            dtype = {"fp32": "float32", "int8-naive": "int8", "int8-invariant": "int8"}[name]
+            lm = load_causal_lm(src, dtype=dtype, rows=1 if name == "int8-invariant" else None)
+            lm.rows = None  # the invariant kernels, the rows as given (the engine pads to INVARIANT_ROWS)
+        rows[name] = measure(lm, args.context, args.repeats)
+        print(f"{name}: " + ", ".join(f"{r}: {1000 * t:.1f} ms" for r, t in rows[name].items()), file=sys.stderr, flush=True)
+        del lm
+    head = "| backend | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in ROWS) + " | 5 rows ÷ 1 row |"
+    lines = [head, "|" + " --- |" * (len(ROWS) + 2)]
+    for name, t in rows.items():
+        cells = " | ".join(f"{1000 * t[r]:.0f} ms (×{t[r] / t[1]:.2f})" for r in ROWS)
+        lines.append(f"| {name} | {cells} | **{t[5] / t[1]:.2f}** |")
+    table = "\n".join(lines)
+    cmd = "VOCABBRIDGE_MODELS=... python benchmarks/bench_rows.py " + " ".join(sys.argv[1:])
+    text = f"# One forward's cost by rows: {args.target}, {args.context}-token cache\n\n`{cmd}`\n\n{table}\n"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
