@@ -33,6 +33,9 @@ CHANGED = {
     "num_speculative_tokens": 3,
     "prompt_lookup_min": 2,
     "prompt_lookup_max": 5,
+    "ngram_map_n": 8,
+    "ngram_map_value": 4,
+    "ngram_map_min_hits": 2,
     "adaptive_k": True,
     "min_confidence": 0.5,
     "ngram_first": True,
@@ -119,7 +122,7 @@ def test_every_field_reaches_vllm_or_is_named_engine_only():
 def test_the_registry_names_every_method_and_builds_engine_drafters():
     from vocabbridge.engine.drafters.base import Drafter
 
-    assert METHOD_NAMES == ("none", "ngram", "mtp") and MODEL_MODES == ("draft", "bridged", "text", "tli")
+    assert METHOD_NAMES == ("none", "ngram", "ngram-map", "mtp") and MODEL_MODES == ("draft", "bridged", "text", "tli")
     for name, m in DRAFTERS.items():
         assert m.name == name and m.summary
         if m.engine is None:
@@ -128,8 +131,10 @@ def test_the_registry_names_every_method_and_builds_engine_drafters():
         else:
             cls = m.engine_class()
             assert issubclass(cls, Drafter) and "from_spec" in vars(cls) | vars(Drafter)
-    assert _command("generate").params[1].help.startswith("What drafts: none, ngram, mtp, or")  # the engine's mtp drafter
-    assert "none, ngram, mtp" in _command("serve").params[1].help  # vLLM runs it
+    assert (
+        _command("generate").params[1].help.startswith("What drafts: none, ngram, ngram-map, mtp, or")
+    )  # the engine's mtp drafter
+    assert "none, ngram, ngram-map, mtp" in _command("serve").params[1].help  # vLLM runs it
 
 
 @pytest.mark.parametrize(

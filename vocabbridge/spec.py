@@ -135,6 +135,23 @@ class EngineSpec:
         lo=1,
         vllm="prompt_lookup_max (ngram)",
     )
+    ngram_map_n: int = _opt(
+        12,
+        "--ngram-map-n",
+        "ngram-map: key length in tokens (llama.cpp's size-n; 12-16 suit code, 8-10 text).",
+        kind="int",
+        lo=1,
+    )
+    ngram_map_value: int = _opt(
+        8, "--ngram-map-value", "ngram-map: tokens of continuation stored per key (the longest proposal).", kind="int", lo=1
+    )
+    ngram_map_min_hits: int = _opt(
+        1,
+        "--ngram-map-min-hits",
+        "ngram-map: propose a continuation only once it has followed its key this many times (2 suits text).",
+        kind="int",
+        lo=1,
+    )
     adaptive_k: bool = _opt(
         False, "--adaptive-k", "Grow k after a fully accepted draft, shrink it after a miss.", kind="bool", off_flag="--fixed-k"
     )
@@ -330,6 +347,12 @@ def _vllm_ngram(spec, model_for, notes):
     }
 
 
+def _vllm_ngram_map(spec, model_for, notes):
+    raise ConfigError(
+        "--drafter ngram-map runs in the embedded engine only so far (serve --backend embedded); in vLLM use --drafter ngram."
+    )
+
+
 def _vllm_mtp(spec, model_for, notes):
     """The checkpoint's own MTP layer; with ``mtp:PATH``, a trained head exported for vLLM
     (``vocabbridge.heads.export.export_for_vllm`` writes it in ``PATH/vllm``, MiMo's MTP layout)."""
@@ -387,6 +410,13 @@ DRAFTERS: dict[str, DrafterMethod] = {
             False,
             "vocabbridge.engine.drafters.ngram:NgramDrafter",
             _vllm_ngram,
+        ),
+        DrafterMethod(
+            "ngram-map",
+            "llama.cpp's n-gram map: the most frequent continuation of the last n tokens (--ngram-map-*)",
+            False,
+            "vocabbridge.engine.drafters.ngram:NgramMapDrafter",
+            _vllm_ngram_map,
         ),
         DrafterMethod(
             "mtp",

@@ -3,7 +3,7 @@
 from .base import Drafter, DraftSession, NoDrafter, Proposal
 from .combined import NgramFirstDrafter
 from .model_based import BridgedDrafter, DraftModelDrafter, TLIDrafter
-from .ngram import NgramDrafter, find_ngram_proposal
+from .ngram import NgramDrafter, NgramMapDrafter, find_ngram_proposal
 from .text import TextDrafter
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "DraftSession",
     "Drafter",
     "NgramDrafter",
+    "NgramMapDrafter",
     "NgramFirstDrafter",
     "NoDrafter",
     "Proposal",
