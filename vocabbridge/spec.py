@@ -208,9 +208,9 @@ class EngineSpec:
     kernels: str = _opt(
         "torch",
         "--kernels",
-        "What the embedded engine runs the models on: torch (transformers; fp32 on the CPU) or llama.cpp (the GGUF "
-        "files as they are, on llama.cpp's quantized CPU kernels, every target decode forward padded to the same row "
-        "count so that speculative output stays identical to plain; pip install 'vocabbridge[llama]').",
+        "What the embedded engine runs the models on: torch (transformers; fp32 on the CPU, or --dtype int8) or "
+        "llama.cpp (the GGUF files as they are, on llama.cpp's quantized CPU kernels, the target's forwards shaped so "
+        "that speculative output stays identical to plain; pip install 'vocabbridge[llama]').",
         kind="choice",
         choices=("torch", "llama.cpp"),
     )
