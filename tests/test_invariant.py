@@ -9,8 +9,6 @@ every drafter, heterogeneous ones included, gives exactly the plain answer.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -21,7 +19,7 @@ from vocabbridge.engine.invariant import INVARIANT_ROWS, KEY_BLOCK, FusedPart, R
 from vocabbridge.engine.model import CausalLM, quantize_int8
 from vocabbridge.spec import EngineSpec
 
-from .test_real_models import MODELS, PROMPTS, SMOL, smol  # noqa: F401  (the fixture)
+from .test_real_models import MODELS, PROMPTS, SMOL, need_model, smol  # noqa: F401  (the fixture)
 
 QWEN05 = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
@@ -43,11 +41,12 @@ def _lm(model, rows) -> CausalLM:
     )
 
 
-def _worst(lm: CausalLM, prompt_len: int, k: int, steps: int = 12) -> float:
-    """Largest |verification logit − plain logit| over ``steps`` positions after a prompt, the
-    verification run k+1 tokens at a time over the tokens plain greedy decoding produced."""
+def worst_difference(lm, prompt_len: int, k: int, steps: int = 12, vocab: int = 300) -> float:
+    """Largest |verification logit − plain logit| over ``steps`` positions after a random prompt, the
+    verification run k+1 tokens at a time over the tokens plain greedy decoding produced (any
+    session backend: torch or llama.cpp)."""
     g = torch.Generator().manual_seed(prompt_len)
-    prompt = torch.randint(3, 300, (prompt_len,), generator=g).tolist()
+    prompt = torch.randint(3, vocab, (prompt_len,), generator=g).tolist()
     s = lm.session()
     tok = int(s.extend(prompt)[-1].argmax())
     toks, plain = [], []
@@ -69,7 +68,7 @@ def _worst(lm: CausalLM, prompt_len: int, k: int, steps: int = 12) -> float:
 def test_naive_int8_verification_differs_from_plain_rows(kind):
     """The failure this module exists for: fbgemm's dynamic int8 quantizes a batch with one scale."""
     lm = _lm(quantize_int8(_tiny(kind)), rows=None)
-    assert max(_worst(lm, 40, k) for k in (2, 4)) > 1e-4
+    assert max(worst_difference(lm, 40, k) for k in (2, 4)) > 1e-4
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
@@ -82,7 +81,7 @@ def test_invariant_verification_equals_plain_rows_bit_for_bit(kind, prompt_len):
     assert isinstance(model.lm_head, RowInt8Linear)
     lm = _lm(model, rows=INVARIANT_ROWS)
     for k in range(1, 9):
-        assert _worst(lm, prompt_len, k) == 0.0, k
+        assert worst_difference(lm, prompt_len, k) == 0.0, k
 
 
 def test_row_int8_linear_rows_do_not_see_each_other():
@@ -109,11 +108,8 @@ def _weights(lin: RowInt8Linear):
     [("ngram", "auto"), ("self", "draft"), ("self", "bridged"), ("qwen", "text")],
 )
 def test_every_drafter_is_token_identical_on_the_int8_target(smol, drafter, mode):  # noqa: F811
-    if drafter == "qwen" and not QWEN05.is_file():
-        why = f"needs {QWEN05} (fetch-models.sh DEST qwen2.5-coder-0.5b)"
-        if os.environ.get("VOCABBRIDGE_REQUIRE_REAL"):
-            pytest.fail(why)
-        pytest.skip(why)
+    if drafter == "qwen":
+        need_model(QWEN05)
     name = {"self": str(SMOL), "qwen": str(QWEN05)}.get(drafter, drafter)
     spec = EngineSpec(target=str(SMOL), drafter=name, mode=mode, dtype="int8", num_speculative_tokens=4)
     built = build_engine(spec, loaded=smol)

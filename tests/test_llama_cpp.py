@@ -18,8 +18,8 @@ from vocabbridge.engine.llama_cpp import MAX_ROWS, load_llama_cpp_lm, system_inf
 from vocabbridge.errors import ConfigError, ModelLoadError, RequestError
 from vocabbridge.spec import EngineSpec
 
-from .test_invariant import QWEN05
-from .test_real_models import PROMPTS, SMOL, smol  # noqa: F401  (the fixture)
+from .test_invariant import QWEN05, worst_difference
+from .test_real_models import PROMPTS, SMOL, need_model, smol  # noqa: F401  (the fixture)
 
 if importlib.util.find_spec("llama_cpp") is None:
     why = "needs llama-cpp-python: pip install 'vocabbridge[llama]'"
@@ -28,41 +28,16 @@ if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip(why, allow_module_level=True)
 
 
-def _need(path):
-    if not path.is_file():
-        why = f"needs {path} (../shared/tools/fetch-models.sh DEST smollm2-135m qwen2.5-coder-0.5b)"
-        if os.environ.get("VOCABBRIDGE_REQUIRE_REAL"):
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def gguf():
     """Qwen2.5-Coder-0.5B Q4_K_M: its K-quant matmuls are the ones that change with the batch
     (SmolLM2's Q4_1 ones happen not to)."""
-    _need(QWEN05)
+    need_model(QWEN05)
     return {False: load_llama_cpp_lm(str(QWEN05), invariant=False), True: load_llama_cpp_lm(str(QWEN05), invariant=True)}
 
 
-def _worst(lm, prompt_len: int, k: int, steps: int = 14) -> float:
-    """Largest |verification logit − plain logit| over ``steps`` greedy positions (see test_invariant)."""
-    g = torch.Generator().manual_seed(prompt_len)
-    prompt = torch.randint(3, 40000, (prompt_len,), generator=g).tolist()
-    s = lm.session()
-    tok = int(s.extend(prompt)[-1].argmax())
-    toks, plain = [], []
-    for _ in range(steps):
-        toks.append(tok)
-        row = s.extend([tok])[0]
-        plain.append(row)
-        tok = int(row.argmax())
-    plain = torch.stack(plain)
-    s.truncate(prompt_len)
-    worst = 0.0
-    for i in range(0, steps - k, k + 1):
-        got = s.extend(toks[i : i + k + 1], keep=k + 1)
-        worst = max(worst, float((got - plain[i : i + k + 1]).abs().max()))
-    return worst
+def _worst(lm, prompt_len: int, k: int) -> float:
+    return worst_difference(lm, prompt_len, k, steps=14, vocab=40000)
 
 
 def test_the_naive_path_differs_from_plain_rows(gguf):
@@ -107,7 +82,7 @@ def test_a_non_gguf_source_and_mtp_are_refused(smol, tmp_path):  # noqa: F811
 @pytest.mark.parametrize("drafter, mode", [("ngram", "auto"), ("self", "draft"), ("qwen", "text"), ("qwen", "bridged")])
 def test_every_drafter_is_token_identical_on_llama_cpp(smol, drafter, mode):  # noqa: F811
     if drafter == "qwen":
-        _need(QWEN05)
+        need_model(QWEN05)
     name = {"self": str(SMOL), "qwen": str(QWEN05)}.get(drafter, drafter)
     built = build_engine(EngineSpec(target=str(SMOL), drafter=name, mode=mode, kernels="llama.cpp"), loaded=smol)
     assert built.target.invariant and built.target.dtype == "gguf"

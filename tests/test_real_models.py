@@ -29,13 +29,18 @@ SMOL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["Write a Python function that reverses a string.", "한국의 수도는 어디인가요? 짧게 답해 주세요."]
 
 
-@pytest.fixture(scope="module")
-def smol(tmp_path_factory):
-    if not SMOL.is_file():
-        why = f"needs {SMOL} (../shared/tools/fetch-models.sh DEST smollm2-135m, then VOCABBRIDGE_MODELS=DEST)"
+def need_model(path: Path) -> None:
+    """Skip (or, with VOCABBRIDGE_REQUIRE_REAL=1 as in CI, fail) when a real checkpoint is missing."""
+    if not path.is_file():
+        why = f"needs {path} (../shared/tools/fetch-models.sh DEST smollm2-135m qwen2.5-coder-0.5b, then VOCABBRIDGE_MODELS=DEST)"
         if os.environ.get("VOCABBRIDGE_REQUIRE_REAL"):
             pytest.fail(why)
         pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    need_model(SMOL)
     cache = tmp_path_factory.mktemp("vb-cache")
     old = os.environ.get("VOCABBRIDGE_CACHE")
     os.environ["VOCABBRIDGE_CACHE"] = str(cache)  # the fp32 copy of the GGUF weights goes here, not in ~/.cache

@@ -17,7 +17,7 @@ from pathlib import Path
 from .mapping.cache import cache_root
 from .presets import PRESETS, models_dir, resolve_model
 from .report import Section
-from .vllm.install import inspect_vllm, try_launch
+from .vllm.install import cpu_flags, inspect_vllm, try_launch
 
 
 @dataclass
@@ -61,22 +61,13 @@ def _llama_check() -> Check:
         info = system_info()
     except Exception as e:  # a build that does not load is what this check is for
         return Check("llama.cpp", "fail", f"llama-cpp-python {v} does not load: {e}", LLAMA_INSTALL)
-    flags = _cpu_flags()
+    flags = cpu_flags()
     missing = "avx512f" in flags and "AVX512 = 1" not in info
     units = [x.split("=")[0].split(":")[-1].strip() for x in info.split("|") if x.strip().endswith("= 1")]
     what = f"llama-cpp-python {v}, built with {' '.join(units)}"
     if missing:
         return Check("llama.cpp", "warn", what + " — built without AVX-512 on an AVX-512 CPU", LLAMA_INSTALL)
     return Check("llama.cpp", "ok", what)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
 
 
 LLAMA_INSTALL = (

@@ -39,6 +39,19 @@ INVARIANT_ROWS = 5  # rows of every decode-time forward of an int8 target: k + 1
 KEY_BLOCK = 128  # attention runs over keys in blocks of this many, fixed by absolute position
 
 
+def row_plan(n: int, keep: int, *, most: int, least: int, chunk: int) -> list[tuple[int, int, int]]:
+    """How a feed of ``n`` tokens runs as forwards of fixed shapes: ``(start, stop, pad)`` pieces.
+    A verification (``keep > 1``: several positions' logits wanted) goes ``most`` rows at a time,
+    any other feed (a prompt chunk, a plain step) ``chunk`` tokens at a time; a piece shorter than
+    ``least`` rows is padded to it. Shared by the int8 target (most = least = rows) and llama.cpp's.
+
+    >>> row_plan(7, 7, most=5, least=5, chunk=7), row_plan(1, 1, most=5, least=5, chunk=1)
+    ([(0, 5, 0), (5, 7, 3)], [(0, 1, 4)])
+    """
+    size = most if keep > 1 else chunk
+    return [(i, min(i + size, n), max(0, least - (min(i + size, n) - i))) for i in range(0, n, size)]
+
+
 def _quantize_dynamic(module: torch.nn.Module) -> torch.nn.Module:
     """fbgemm's dynamic int8 linear, weights quantized per output channel."""
     with warnings.catch_warnings():

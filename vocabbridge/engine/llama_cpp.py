@@ -42,6 +42,8 @@ import torch
 
 from ..errors import ConfigError, ModelLoadError, RequestError
 from ..tokenizer import TokenizerView, load_tokenizer
+from .invariant import row_plan
+from .model import CacheSession
 
 INSTALL_HINT = (
     "the llama.cpp kernels need llama-cpp-python: pip install 'vocabbridge[llama]' "
@@ -138,7 +140,7 @@ class LlamaCppLM:
             self._pool.append(ctx)
 
 
-class LlamaSession:
+class LlamaSession(CacheSession):
     """One request's KV cache in a llama.cpp context; ``ids`` are the tokens it holds, in order."""
 
     def __init__(self, lm: LlamaCppLM):
@@ -148,9 +150,6 @@ class LlamaSession:
         self.ids: list[int] = []
         self._batch = _llama().llama_batch_init(BATCH, 0, 1)
         weakref.finalize(self, _close, lm, self.ctx, self._batch)
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
     def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool = False) -> torch.Tensor:
         """Feed ``tokens``; return float32 logits of the last ``keep`` positions: [keep, V]."""
@@ -164,24 +163,17 @@ class LlamaSession:
                 f"{self.lm.max_context} on the llama.cpp kernels; shorten the prompt or lower max_tokens "
                 f"(or raise VOCABBRIDGE_LLAMA_CTX, {self.lm.ctx_size} now)."
             )
-        keep = min(keep, len(tokens))
-        inv = self.lm.invariant
-        # A forward that wants several positions' logits is a verification: at most MAX_ROWS rows at a
-        # time. One that wants the last only is a prompt chunk (or a plain step, padded to MIN_ROWS).
-        size = MAX_ROWS if inv and keep > 1 else BATCH
+        n = len(tokens)
+        inv = self.lm.invariant  # see the module docstring
+        plan = row_plan(n, keep, most=MAX_ROWS if inv else BATCH, least=MIN_ROWS if inv else 0, chunk=BATCH)
         out = []
-        start = 0
-        while start < len(tokens):
-            piece = tokens[start : start + size]
-            first_kept = max(0, len(tokens) - keep - start)  # within this piece
-            want = range(first_kept, len(piece)) if first_kept < len(piece) else range(0)
-            pad = MIN_ROWS - len(piece) if inv and len(piece) < MIN_ROWS else 0
-            out.append(self._decode(piece, list(want), pad))
+        for start, stop, pad in plan:
+            piece = tokens[start:stop]
+            wanted = max(0, stop - max(start, n - keep))  # this piece's rows among the last `keep`
+            out.append(self._decode(piece, list(range(len(piece) - wanted, len(piece))), pad))
             self.ids.extend(piece)
-            start += len(piece)
         self.lm.forwards += 1
-        logits = np.concatenate([o for o in out if len(o)])
-        return torch.from_numpy(logits)
+        return torch.from_numpy(np.concatenate(out))
 
     def _decode(self, piece: list[int], want: list[int], pad: int) -> np.ndarray:
         L = _llama()
@@ -213,18 +205,6 @@ class LlamaSession:
         if n < len(self.ids):
             _llama().llama_memory_seq_rm(self.mem, 0, n, -1)
             del self.ids[n:]
-
-    def sync(self, want: list[int], *, keep: int = 1) -> torch.Tensor:
-        """Make the cache hold exactly ``want``: drop what differs, feed the rest (at least one token)."""
-        n = 0
-        for a, b in zip(self.ids, want):
-            if a != b:
-                break
-            n += 1
-        if n == len(want):
-            n -= 1
-        self.truncate(n)
-        return self.extend(want[n:], keep=keep)
 
 
 def _close(lm: LlamaCppLM, ctx, batch) -> None:

@@ -35,7 +35,7 @@ with warnings.catch_warnings():  # torch.utils.mkldnn's ScriptModules warn that 
 from ..tokenizer import TokenizerView, load_tokenizer
 from ..util import common_prefix_len
 from .convert import converted_folder
-from .invariant import make_invariant
+from .invariant import make_invariant, row_plan
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -268,7 +268,34 @@ def load_causal_lm(
     return CausalLM(model, view, source, device, dt, vocab, max_ctx, time.perf_counter() - t0, rows=rows)
 
 
-class KVSession:
+class CacheSession:
+    """What every session over a model's KV cache shares: ``ids`` (the tokens the cache holds, in
+    order), ``extend`` and ``truncate`` (defined by each backend), and ``sync`` on top of them."""
+
+    ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool = False):
+        raise NotImplementedError
+
+    def truncate(self, n: int) -> None:
+        raise NotImplementedError
+
+    def sync(self, want: list[int], *, keep: int = 1) -> torch.Tensor:
+        """Make the cache hold exactly ``want``: crop to the common prefix, feed the rest.
+
+        Returns the logits of the last ``keep`` fed positions (at least one token is fed).
+        """
+        n = common_prefix_len(self.ids, want)
+        if n == len(want):  # nothing new: re-feed the last token to get its logits
+            n -= 1
+        self.truncate(n)
+        return self.extend(want[n:], keep=keep)
+
+
+class KVSession(CacheSession):
     """One request's KV cache over a model; ``ids`` are the tokens the cache holds, in order."""
 
     def __init__(self, lm: CausalLM):
@@ -276,9 +303,6 @@ class KVSession:
         self.lm = lm
         self.cache = DynamicCache()
         self.ids: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
     @torch.inference_mode()
     def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool = False):
@@ -295,23 +319,20 @@ class KVSession:
                 f"context of {len(self.ids) + len(tokens)} tokens exceeds {self.lm.name}'s limit of "
                 f"{self.lm.max_context}; shorten the prompt or lower max_tokens."
             )
-        R = self.lm.rows
-        if R is None or (keep == 1 and len(tokens) > R):  # as it comes (a prompt chunk when padding is on)
-            pieces = [tokens]
-        else:  # a decode step or a verification: R rows at a time, padded (see CausalLM.rows)
-            pieces = [tokens[i : i + R] for i in range(0, len(tokens), R)]
+        R, n = self.lm.rows, len(tokens)
+        plan = row_plan(n, keep, most=R, least=R, chunk=n) if R else [(0, n, 0)]  # see CausalLM.rows
         logits, hiddens = [], []
-        for piece in pieces:
-            pad = R - len(piece) if R is not None and len(piece) < R else 0
-            lg, hd = self._forward(piece + piece[-1:] * pad, R if pad else len(piece) if len(pieces) > 1 else keep, hidden)
+        for start, stop, pad in plan:
+            piece = tokens[start:stop]
+            wanted = max(0, stop - max(start, n - keep))  # this piece's rows among the last `keep`
+            lg, hd = self._forward(piece + piece[-1:] * pad, max(1, wanted + pad), hidden)
             if pad:
                 self.cache.crop(-pad)  # the padding's KV entries
-                lg, hd = lg[: len(piece)], hd[: len(piece)] if hd is not None else None
             self.ids.extend(piece)
-            logits.append(lg)
-            hiddens.append(hd)
+            logits.append(lg[len(lg) - wanted - pad : len(lg) - pad])
+            hiddens.append(hd[: len(piece)] if hd is not None else None)
         self.lm.forwards += 1
-        logits = torch.cat(logits)[-keep:]  # [keep, V]
+        logits = torch.cat(logits)  # [keep, V]
         return (logits, torch.cat(hiddens)) if hidden else logits
 
     def _forward(self, tokens: list[int], keep: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -332,14 +353,3 @@ class KVSession:
         if drop > 0:
             self.cache.crop(-drop)  # negative = remove that many (works across transformers versions)
             del self.ids[n:]
-
-    def sync(self, want: list[int], *, keep: int = 1) -> torch.Tensor:
-        """Make the cache hold exactly ``want``: crop to the common prefix, feed the rest.
-
-        Returns the logits of the last ``keep`` fed positions (at least one token is fed).
-        """
-        n = common_prefix_len(self.ids, want)
-        if n == len(want):  # nothing new: re-feed the last token to get its logits
-            n -= 1
-        self.truncate(n)
-        return self.extend(want[n:], keep=keep)
