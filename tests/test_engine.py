@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vocabbridge.engine import DraftModelDrafter, NgramDrafter, SamplingParams, SpecEngine, TextDrafter
-from vocabbridge.engine.drafters import NgramMapDrafter
+from vocabbridge.engine.drafters import NgramMapDrafter, SuffixDrafter
 from vocabbridge.engine.drafters.base import Drafter, DraftSession, Proposal
 from vocabbridge.engine.verify import verify
 from vocabbridge.errors import RequestError
@@ -23,6 +23,7 @@ def drafters(tiny):
     return {
         "ngram": NgramDrafter(prompt_lookup_min=1, prompt_lookup_max=3),
         "ngram-map": NgramMapDrafter(n=2, m=4, min_hits=1),
+        "suffix": SuffixDrafter(max_spec_factor=2.0, min_prob=0.0),
         "draft": DraftModelDrafter(tiny["draft"], target_vocab_size=v, target_view=t.view),
         "self": DraftModelDrafter(t, target_vocab_size=v),
         "text-spm": TextDrafter(tiny["spm"], t.view, target_vocab_size=v),
@@ -37,7 +38,7 @@ def plain(tiny):
     return {p: SpecEngine(t).generate(t.view.encode(p), params).tokens for p in PROMPTS}
 
 
-@pytest.mark.parametrize("name", ["ngram", "ngram-map", "draft", "self", "text-spm", "text-extended"])
+@pytest.mark.parametrize("name", ["ngram", "ngram-map", "suffix", "draft", "self", "text-spm", "text-extended"])
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_output_is_identical_to_plain_greedy(tiny, plain, name, k):
     t = tiny["target"]

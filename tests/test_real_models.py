@@ -55,10 +55,12 @@ def _built(loaded, drafter, **kw):
     return build_engine(EngineSpec(target=str(SMOL), drafter=drafter, num_speculative_tokens=4, **kw), loaded=loaded)
 
 
-@pytest.mark.parametrize("drafter, mode", [("ngram", "auto"), ("self", "draft"), ("self", "text"), ("self", "bridged")])
+@pytest.mark.parametrize(
+    "drafter, mode", [("ngram", "auto"), ("suffix", "auto"), ("self", "draft"), ("self", "text"), ("self", "bridged")]
+)
 def test_every_drafter_is_lossless_on_the_real_model(smol, drafter, mode):
     built = _built(smol, str(SMOL) if drafter == "self" else drafter, mode=mode)
-    assert built.mode == (mode if drafter == "self" else "ngram")
+    assert built.mode == (mode if drafter == "self" else drafter)
     plain = SpecEngine(built.target)
     params = SamplingParams(max_new_tokens=40)
     accepted = 0

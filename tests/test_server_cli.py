@@ -25,6 +25,9 @@ QWEN = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 def _no_local_models(monkeypatch):
     monkeypatch.delenv("VOCABBRIDGE_MODELS", raising=False)  # presets resolve to hub ids
     monkeypatch.delenv("VOCABBRIDGE_API_KEY", raising=False)
+    # with vLLM's CPU build installed, serve adds VLLM_CPU_KVCACHE_SPACE unless the user set it: set
+    # here, so the exact commands below are the same with and without vLLM (and in any test order)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
 
 
 def dry_run(*args: str) -> tuple[list[str], str]:
@@ -119,13 +122,29 @@ def test_vllm_draft_model_with_another_vocabulary_is_heterogeneous_and_greedy():
 
 def test_vllm_with_another_vocabulary_runs_our_text_drafter_by_default():
     argv, notes = dry_run("--drafter", "exaone-1.2b", "-k", "3")
-    assert argv[0].startswith("VOCABBRIDGE_VLLM_DRAFTER=") and argv[1:4] == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B"]
+    start = argv.index("vllm")  # environment settings come first (VLLM_CPU_KVCACHE_SPACE where vLLM is the CPU build)
+    assert any(a.startswith("VOCABBRIDGE_VLLM_DRAFTER=") for a in argv[:start])
+    assert argv[start : start + 3] == ["vllm", "serve", "LGAI-EXAONE/EXAONE-4.5-33B"]
     assert spec_config(argv) == {
         "method": "custom_class",
         "model": "vocabbridge.vllm.proposers.TextProposer",
         "num_speculative_tokens": 3,
     }
     assert "text drafter runs inside vLLM's worker" in notes
+
+
+def test_vllm_runs_the_ngram_map_as_our_proposer_with_its_settings():
+    argv, notes = dry_run("--target", "qwen2.5-coder-1.5b", "--drafter", "ngram-map", "--ngram-map-n", "6", "-k", "5")
+    assert any(a.startswith("VOCABBRIDGE_VLLM_DRAFTER=") for a in argv[: argv.index("vllm")])
+    assert spec_config(argv) == {
+        "method": "custom_class",
+        "model": "vocabbridge.vllm.proposers.NgramMapProposer",
+        "num_speculative_tokens": 5,
+    }
+    assert "ngram-map drafter runs inside vLLM's worker" in notes and "embedded engine only" not in notes
+    cmd = vllm_command(_spec(target="qwen2.5-coder-1.5b", drafter="ngram-map", ngram_map_min_hits=2))
+    doc = json.loads(cmd.files[0][1])
+    assert doc["drafter"] is None and doc["spec"]["ngram_map_min_hits"] == 2  # the proposer reads the map's settings
 
 
 def test_vllm_draft_model_with_the_same_vocabulary_is_plain():

@@ -36,6 +36,10 @@ CHANGED = {
     "ngram_map_n": 8,
     "ngram_map_value": 4,
     "ngram_map_min_hits": 2,
+    "suffix_max_depth": 12,
+    "suffix_max_spec_factor": 2.0,
+    "suffix_min_prob": 0.25,
+    "suffix_max_cached_requests": 0,
     "adaptive_k": True,
     "min_confidence": 0.5,
     "ngram_first": True,
@@ -98,8 +102,8 @@ def test_every_field_reaches_vllm_or_is_named_engine_only():
     for base in ({"drafter": "smollm2-135m", "mode": "text"}, {"drafter": "smollm2-135m", "mode": "tli"}):
         argv0, env0, notes0 = command(**base)
         for name, value in CHANGED.items():
-            if name in ("target", "drafter", "prompt_lookup_min", "prompt_lookup_max"):  # those two: ngram's, below
-                continue
+            if name in ("target", "drafter", "prompt_lookup_min", "prompt_lookup_max") or name.startswith("suffix_"):
+                continue  # ngram's and suffix's: below
             if name == "dtype":
                 value = "bfloat16"
             if name == "mode":
@@ -117,12 +121,22 @@ def test_every_field_reaches_vllm_or_is_named_engine_only():
     for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
         changed = vllm_speculative_config(EngineSpec(target="t", drafter="ngram", **{name: CHANGED[name]}))
         assert changed != base and changed[name] == CHANGED[name]
+    base = vllm_speculative_config(EngineSpec(target="t", drafter="suffix"))
+    for name, key in [
+        ("suffix_max_depth", "suffix_decoding_max_tree_depth"),
+        ("suffix_max_spec_factor", "suffix_decoding_max_spec_factor"),
+        ("suffix_min_prob", "suffix_decoding_min_token_prob"),
+        ("suffix_max_cached_requests", "suffix_decoding_max_cached_requests"),
+    ]:
+        changed = vllm_speculative_config(EngineSpec(target="t", drafter="suffix", **{name: CHANGED[name]}))
+        assert changed == base | {key: CHANGED[name]}
 
 
 def test_the_registry_names_every_method_and_builds_engine_drafters():
     from vocabbridge.engine.drafters.base import Drafter
 
-    assert METHOD_NAMES == ("none", "ngram", "ngram-map", "mtp") and MODEL_MODES == ("draft", "bridged", "text", "tli")
+    assert METHOD_NAMES == ("none", "ngram", "ngram-map", "suffix", "mtp", "self")
+    assert MODEL_MODES == ("draft", "bridged", "text", "tli")
     for name, m in DRAFTERS.items():
         assert m.name == name and m.summary
         if m.engine is None:
@@ -132,9 +146,9 @@ def test_the_registry_names_every_method_and_builds_engine_drafters():
             cls = m.engine_class()
             assert issubclass(cls, Drafter) and "from_spec" in vars(cls) | vars(Drafter)
     assert (
-        _command("generate").params[1].help.startswith("What drafts: none, ngram, ngram-map, mtp, or")
+        _command("generate").params[1].help.startswith("What drafts: none, ngram, ngram-map, suffix, mtp, self, or")
     )  # the engine's mtp drafter
-    assert "none, ngram, ngram-map, mtp" in _command("serve").params[1].help  # vLLM runs it
+    assert "none, ngram, ngram-map, suffix, mtp" in _command("serve").params[1].help  # vLLM runs it
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from vocabbridge.engine import SamplingParams, SpecEngine
 from vocabbridge.spec import EngineSpec
 from vocabbridge.vllm import proposers
-from vocabbridge.vllm.proposers import BridgedProposer, TextProposer, proposer_config
+from vocabbridge.vllm.proposers import BridgedProposer, NgramMapProposer, TextProposer, proposer_config
 
 MAX_LEN = 512
 
@@ -28,8 +28,10 @@ class FakeModelRunner:
 
 def _proposer(cls, tiny, tmp_path, monkeypatch, **spec_kw):
     t = tiny["target"]
-    spec = EngineSpec(target=t.source, drafter=tiny["spm"].source, drafter_dtype="float32", **spec_kw)
-    path, text = proposer_config(spec, tiny["spm"].source)
+    model = cls is not NgramMapProposer
+    drafter = tiny["spm"].source if model else "ngram-map"
+    spec = EngineSpec(target=t.source, drafter=drafter, drafter_dtype="float32", **spec_kw)
+    path, text = proposer_config(spec, drafter if model else None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     monkeypatch.setenv(proposers.CONFIG_ENV, str(path))
@@ -75,12 +77,18 @@ def _drive(runner, tiny, prompts: dict[str, list[int]], n_new: int):
     return {rid: o[:n_new] for rid, o in out.items()}, accepted, proposed
 
 
-@pytest.mark.parametrize("cls", [TextProposer, BridgedProposer])
-def test_proposers_driven_like_vllm_give_the_targets_greedy_output(cls, tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "cls, spec_kw",
+    [(TextProposer, {}), (BridgedProposer, {}), (NgramMapProposer, {"ngram_map_n": 2, "ngram_map_value": 3})],
+)
+def test_proposers_driven_like_vllm_give_the_targets_greedy_output(cls, spec_kw, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("VOCABBRIDGE_CACHE", str(tmp_path))
-    runner = _proposer(cls, tiny, tmp_path, monkeypatch)
+    runner = _proposer(cls, tiny, tmp_path, monkeypatch, **spec_kw)
     view = tiny["target"].view
-    prompts = {"a": view.encode("Hello world, give them the results."), "b": view.encode("안녕하세요. 오늘 날씨가")}
+    prompts = {
+        "a": view.encode("Hello world, give them the results. Hello world, give them the results. Hello world,"),
+        "b": view.encode("안녕하세요. 오늘 날씨가"),
+    }
     got, accepted, proposed = _drive(runner, tiny, prompts, 24)
     plain = SpecEngine(tiny["target"])
     for rid, p in prompts.items():

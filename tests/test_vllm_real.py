@@ -1,5 +1,5 @@
 """Against a real vLLM (its CPU build here): `vocabbridge serve --backend vllm` as a user runs it,
-with no drafter, n-gram, vLLM's own heterogeneous path, our text and bridged proposers, and our map
+with no drafter, n-gram, vLLM's own heterogeneous path, our text, bridged and n-gram-map proposers, and our map
 in vLLM's VocabMapping; greedy output identical to vLLM without speculation; acceptance read by
 `vocabbridge bench` from vLLM's /metrics; clean stops with no process left behind.
 
@@ -181,6 +181,7 @@ def plain():
     "args, label",
     [
         (("--drafter", "ngram"), "ngram"),
+        (("--drafter", "ngram-map", "--ngram-map-n", "4", "--ngram-map-value", "4"), "our ngram-map proposer"),
         (("--drafter", str(SMOL), "--mode", "tli"), "vLLM's heterogeneous draft_model"),
         (("--drafter", str(SMOL), "--mode", "text"), "our text proposer"),
         (("--drafter", str(SMOL), "--mode", "bridged", "--map", str(MAP)), "our bridged proposer"),
@@ -195,7 +196,7 @@ def test_greedy_output_equals_no_speculation(plain, args, label):
         if "--map" in args and "tli" in args:
             used = [line for line in lines if "vocabbridge: VocabMapping from" in line]
             assert used and str(MAP) in used[0], "the plugin did not build vLLM's VocabMapping"
-        if "text" in args or "bridged" in args:
+        if "text" in args or "bridged" in args or "ngram-map" in args:
             assert c["num_accepted_tokens"] > 0, (label, c)
 
 

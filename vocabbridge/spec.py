@@ -61,6 +61,7 @@ def _opt(default: Any, flag: str, help: str, **kw) -> Any:
 
 MAP_MODES = ("bytes", "vllm")
 BY_PROPOSERS = "honoured by vocabbridge's proposers in vLLM (bridged, text)"
+BY_NGRAM_MAP = "honoured by vocabbridge's ngram-map proposer in vLLM"
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,15 @@ class EngineSpec:
         "ngram-map: key length in tokens (llama.cpp's size-n; 12-16 suit code, 8-10 text).",
         kind="int",
         lo=1,
+        vllm=BY_NGRAM_MAP,
     )
     ngram_map_value: int = _opt(
-        8, "--ngram-map-value", "ngram-map: tokens of continuation stored per key (the longest proposal).", kind="int", lo=1
+        8,
+        "--ngram-map-value",
+        "ngram-map: tokens of continuation stored per key (the longest proposal).",
+        kind="int",
+        lo=1,
+        vllm=BY_NGRAM_MAP,
     )
     ngram_map_min_hits: int = _opt(
         1,
@@ -151,6 +158,42 @@ class EngineSpec:
         "ngram-map: propose a continuation only once it has followed its key this many times (2 suits text).",
         kind="int",
         lo=1,
+        vllm=BY_NGRAM_MAP,
+    )
+    suffix_max_depth: int = _opt(
+        24,
+        "--suffix-max-depth",
+        "suffix: the longest substring its trees keep, so the longest context suffix matched plus the tokens proposed after it.",
+        kind="int",
+        lo=2,
+        vllm="suffix_decoding_max_tree_depth (suffix)",
+    )
+    suffix_max_spec_factor: float = _opt(
+        1.0,
+        "--suffix-max-spec-factor",
+        "suffix: propose at most this many tokens per matched context token (and at most k).",
+        kind="float",
+        lo=0.0,
+        vllm="suffix_decoding_max_spec_factor (suffix)",
+    )
+    suffix_min_prob: float = _opt(
+        0.1,
+        "--suffix-min-prob",
+        "suffix: stop the draft where its estimated probability (the product of how often each token followed "
+        "the one before) falls below this.",
+        kind="float",
+        lo=0.0,
+        hi=1.0,
+        vllm="suffix_decoding_min_token_prob (suffix)",
+    )
+    suffix_max_cached_requests: int = _opt(
+        1000,
+        "--suffix-max-cached-requests",
+        "suffix: draft also from the outputs of this many recent requests (the oldest forgotten first; about "
+        "0.4 KB per output token in the embedded engine); 0 = the request's own prompt and output only.",
+        kind="int",
+        lo=0,
+        vllm="suffix_decoding_max_cached_requests (suffix; vLLM's own default is 10000)",
     )
     adaptive_k: bool = _opt(
         False, "--adaptive-k", "Grow k after a fully accepted draft, shrink it after a miss.", kind="bool", off_flag="--fixed-k"
@@ -228,6 +271,11 @@ class EngineSpec:
             raise ConfigError(
                 "--drafter mtp: needs a head folder after the colon (--drafter mtp:heads/NAME), or use --drafter mtp."
             )
+        if self.drafter_method == "self" and not (self.drafter[5:].isdecimal() and int(self.drafter[5:]) >= 1):
+            raise ConfigError(
+                f"--drafter {self.drafter}: write --drafter self:L, L the number of the target's first layers that draft "
+                "(1 … its layers − 1), e.g. self:8; eval-drafter --drafter self:8 --layers 4,12 compares several."
+            )
 
     @property
     def target_name(self) -> str:
@@ -253,7 +301,16 @@ class EngineSpec:
         ('mtp', 'm')
         """
         method, sep, _ = self.drafter.partition(":")
-        return method if sep and method == "mtp" else self.drafter
+        return method if sep and method in ("mtp", "self") else self.drafter
+
+    @property
+    def self_layers(self) -> int | None:
+        """L of ``--drafter self:L`` (the target's first L layers draft); None for any other drafter.
+
+        >>> EngineSpec(target="t", drafter="self:8").self_layers
+        8
+        """
+        return int(self.drafter.partition(":")[2]) if self.drafter_method == "self" else None
 
     @property
     def drafter_path(self) -> str | None:
@@ -306,7 +363,8 @@ def engine_only_notes(spec: EngineSpec, method: str | None = None) -> list[str]:
     flags = [
         o.flag
         for name, o, default in options()
-        if getattr(spec, name) != default and (o.vllm is None or (o.vllm == BY_PROPOSERS and not ours))
+        if getattr(spec, name) != default
+        and (o.vllm is None or (o.vllm == BY_PROPOSERS and not ours) or (o.vllm == BY_NGRAM_MAP and method != "ngram-map"))
     ]
     return [f"{'/'.join(flags)} apply to the embedded engine only" + ("" if ours else " here")] if flags else []
 
@@ -347,10 +405,20 @@ def _vllm_ngram(spec, model_for, notes):
     }
 
 
-def _vllm_ngram_map(spec, model_for, notes):
-    raise ConfigError(
-        "--drafter ngram-map runs in the embedded engine only so far (serve --backend embedded); in vLLM use --drafter ngram."
+def _vllm_suffix(spec, model_for, notes):
+    """vLLM's own suffix decoding; it runs Arctic Inference's suffix trees and refuses the method without them."""
+    notes.append(
+        "vLLM's suffix method needs the arctic-inference package beside vLLM: pip install arctic-inference "
+        '(where its build misses the Python headers: CMAKE_ARGS="-DPython_EXECUTABLE=$(which python)" pip install …)'
     )
+    return {
+        "method": "suffix",
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "suffix_decoding_max_tree_depth": spec.suffix_max_depth,
+        "suffix_decoding_max_cached_requests": spec.suffix_max_cached_requests,
+        "suffix_decoding_max_spec_factor": spec.suffix_max_spec_factor,
+        "suffix_decoding_min_token_prob": spec.suffix_min_prob,
+    }
 
 
 def _vllm_mtp(spec, model_for, notes):
@@ -369,6 +437,13 @@ def _vllm_mtp(spec, model_for, notes):
             f"(vocabbridge train-head --target {spec.target_name} -o heads/NAME) and pass --drafter mtp:heads/NAME."
         )
     return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens}
+
+
+def _vllm_self(spec, model_for, notes):
+    raise ConfigError(
+        f"--drafter {spec.drafter} (self-speculation) runs in the embedded engine only (serve --backend embedded): "
+        "vLLM has no early-exit (LayerSkip) method; in vLLM use --drafter ngram, mtp or a draft model."
+    )
 
 
 def _vllm_draft(spec, model_for, notes):
@@ -393,6 +468,7 @@ def _vllm_proposer(name: str):
 
 
 PROPOSERS = "vocabbridge.vllm.proposers"
+PROPOSER_METHODS = {"TextProposer": "text", "BridgedProposer": "bridged", "NgramMapProposer": "ngram-map"}  # class → method
 
 DRAFTERS: dict[str, DrafterMethod] = {
     m.name: m
@@ -416,7 +492,15 @@ DRAFTERS: dict[str, DrafterMethod] = {
             "llama.cpp's n-gram map: the most frequent continuation of the last n tokens (--ngram-map-*)",
             False,
             "vocabbridge.engine.drafters.ngram:NgramMapDrafter",
-            _vllm_ngram_map,
+            _vllm_proposer("NgramMapProposer"),
+        ),
+        DrafterMethod(
+            "suffix",
+            "suffix decoding: the most frequent continuation of the context's end in the request's tokens and "
+            "recent outputs (--suffix-*)",
+            False,
+            "vocabbridge.engine.drafters.suffix:SuffixDrafter",
+            _vllm_suffix,
         ),
         DrafterMethod(
             "mtp",
@@ -424,6 +508,13 @@ DRAFTERS: dict[str, DrafterMethod] = {
             False,
             "vocabbridge.engine.drafters.mtp:MTPDrafter",
             _vllm_mtp,
+        ),
+        DrafterMethod(
+            "self",
+            "self-speculation (LayerSkip, no training): the target's first L layers, final norm and lm_head (self:L)",
+            False,
+            "vocabbridge.engine.drafters.self_spec:SelfSpecDrafter",
+            _vllm_self,
         ),
         DrafterMethod(
             "draft",

@@ -197,7 +197,7 @@ def spec_options(*, exclude: tuple[str, ...] = (), engine: bool = True, drafter_
                 methods = [m for m in METHOD_NAMES if not engine or DRAFTERS[m].engine is not None]
                 help_text = (
                     f"What drafts: {', '.join(methods)}, or a drafter model (a preset, a folder, a .gguf file or a hub id); "
-                    "mtp:HEAD_FOLDER drafts with a head trained by train-head."
+                    "mtp:HEAD_FOLDER drafts with a head trained by train-head, self:L with the target's own first L layers."
                 )
             wrapper = _click_option(name, o, default, help_text, required=name == "drafter" and drafter_required)(wrapper)
         return wrapper

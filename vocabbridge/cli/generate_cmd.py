@@ -10,9 +10,10 @@ import click
 
 from ..chat import chat_prompt_ids
 from ..engine import SamplingParams, SpecEngine
+from ..engine.drafters import SelfSpecDrafter
 from ..engine.factory import build_engine
-from ..engine.offline import eval_drafter, eval_sequences
-from ..engine.summary import offline_section, stats_section
+from ..engine.offline import eval_drafter, eval_sequences, sweep_self_spec
+from ..engine.summary import offline_section, self_sweep_section, stats_section
 from ..errors import ConfigError
 from ..report import print_sections, to_json
 from .common import spec_options, status
@@ -97,6 +98,15 @@ def generate_cmd(spec, prompt, prompt_file, raw, thinking, max_tokens, temperatu
     print_sections(sections)
 
 
+def _layer_list(ctx, param, value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give layer counts separated by commas, e.g. 4,8,14.") from None
+
+
 @click.command("eval-drafter")
 @spec_options(drafter_required=True)
 @click.option(
@@ -115,8 +125,15 @@ def generate_cmd(spec, prompt, prompt_file, raw, thinking, max_tokens, temperatu
     help="Tokens of the target's greedy continuation scored per prompt.",
 )
 @click.option("--max-positions", default=512, show_default=True, type=click.IntRange(2), help="Tokens of each --text scored.")
+@click.option(
+    "--layers",
+    metavar="L1,L2,…",
+    callback=_layer_list,
+    help="With --drafter self:L: score these early-exit depths too (e.g. 4,8,14,20), the target loaded once, "
+    "each with its draft cost relative to a full target forward.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the configuration and the figures as JSON.")
-def eval_drafter_cmd(spec, texts, prompts, continuation_tokens, max_positions, as_json):
+def eval_drafter_cmd(spec, texts, prompts, continuation_tokens, max_positions, layers, as_json):
     """Offline expected acceptance of a drafter, without the generate loop.
 
     Per draft position, the share of positions where the drafter's first j proposals equal the
@@ -127,13 +144,30 @@ def eval_drafter_cmd(spec, texts, prompts, continuation_tokens, max_positions, a
     Examples:
       vocabbridge eval-drafter --target qwen2.5-coder-1.5b --drafter smollm2-135m --mode bridged
       vocabbridge eval-drafter --drafter smollm2-135m --mode text --text notes.md
+      vocabbridge eval-drafter --target qwen2.5-coder-1.5b --drafter self:8 --layers 4,14,20
     """
+    if layers and spec.self_layers is None:
+        raise ConfigError(
+            "--layers sweeps self-speculation depths; use it with --drafter self:L (e.g. --drafter self:8 --layers 4,14)."
+        )
     with status("loading models…"):
         built = build_engine(spec)
+    depths = sorted({spec.self_layers, *layers}) if layers else []
+    for n in depths:
+        SelfSpecDrafter(built.target, layers=n)  # a bad L fails here, before the scoring
     with status("the sequences to score (the target's greedy continuations unless --text)…"):
         seqs, source = eval_sequences(
             built.target, texts=texts, prompts=prompts, continuation_tokens=continuation_tokens, max_positions=max_positions
         )
+    if depths:
+        k = spec.num_speculative_tokens
+        with status(f"scoring self-speculation at {len(depths)} depths…"):
+            points = sweep_self_spec(built.target, seqs, depths, k=k, min_confidence=spec.min_confidence)
+        if as_json:
+            click.echo(to_json({"config": built.describe(), "source": source, "k": k, "sweep": points}))
+            return
+        print_sections([self_sweep_section(points, source, k)])
+        return
     with status("scoring the drafter…"):
         ev = eval_drafter(built.target, built.engine.drafter, seqs, k=spec.num_speculative_tokens, name=built.mode)
     if as_json:

@@ -13,6 +13,8 @@ other requests' decode steps and a cancelled request stops at the next chunk.
 
 A drafter that reads the target's hidden states (an MTP head, ``DraftSession.reads_hidden``) gets
 those of every position a target forward feeds (prefill chunks, verifications): no extra pass.
+Every session is handed the target's own session first (``attach_target``): the ``self`` drafter
+drafts over the target's KV cache with its first layers, and crops it back before the verification.
 
 The policies are small named pieces (:class:`BackOff`, :class:`AdaptiveK`): they change what is
 proposed, never what is emitted.
@@ -140,6 +142,7 @@ class SpecEngine:
         stats.prompt_tokens = len(prompt)
         target = self.target.session()
         session = self.drafter.session(prompt)
+        session.attach_target(target)
 
         # prefill → the first token
         logits = yield from self._prefill(target, prompt, stats, session)
@@ -148,6 +151,8 @@ class SpecEngine:
         stats.generated = 1
         out = [tok]
         finish = "stop" if tok in stop else "length" if params.max_new_tokens == 1 else None
+        if finish:
+            session.finish(prompt + out)  # before the yield: the caller may close the generator there
         yield StepOutput([tok], finish is not None, finish)
         if finish:
             stats.time_total = time.perf_counter() - t0
@@ -197,6 +202,7 @@ class SpecEngine:
                 if finish:
                     return
         finally:
+            session.finish(prompt + out)  # also when the caller closes the generator (a stop string, a cancel)
             stats.drafter_forwards = session.forwards
             if not stats.time_total:
                 stats.time_total = time.perf_counter() - t0

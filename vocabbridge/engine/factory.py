@@ -93,6 +93,11 @@ def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> di
         raise ConfigError(
             "--drafter mtp reads the target's hidden states, which the llama.cpp kernels do not expose; use --kernels torch."
         )
+    if llama and spec.drafter_method == "self":
+        raise ConfigError(
+            f"--drafter {spec.drafter} runs the target's first layers alone (an early exit), which the llama.cpp kernels "
+            "cannot; use --kernels torch (with --dtype int8 for the fast exact CPU target)."
+        )
     check_fits(
         [(spec.target_name, resolve_model(spec.target_name), "gguf" if llama else spec.dtype)]
         + ([(spec.drafter, resolve_model(spec.drafter), "gguf" if llama else drafter_dtype(spec))] if spec.uses_model else []),

@@ -12,6 +12,7 @@ along that text. We also report the mean target probability of the drafter's fir
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ import torch
 from ..chat import chat_prompt_ids
 from ..util import read_text_file
 from .drafters.base import Drafter
+from .drafters.self_spec import SelfSpecDrafter
 from .engine import SpecEngine
 from .model import CausalLM
 from .sampling import SamplingParams
@@ -35,10 +37,16 @@ class OfflineEval:
     accepted_per_pos: list[int] = field(default_factory=list)  # first j tokens all correct
     target_prob_sum: float = 0.0  # Σ p_target(first proposal)
     seconds: float = 0.0
+    draft_tokens: int = 0  # tokens proposed (at most k per position)
 
     @property
     def acceptance_per_position(self) -> list[float]:
         return [a / self.positions if self.positions else float("nan") for a in self.accepted_per_pos]
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens (vLLM's definition)."""
+        return sum(self.accepted_per_pos) / self.draft_tokens if self.draft_tokens else float("nan")
 
     @property
     def mean_target_prob(self) -> float:
@@ -59,6 +67,7 @@ class OfflineEval:
             [a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))],
             self.target_prob_sum + other.target_prob_sum,
             self.seconds + other.seconds,
+            self.draft_tokens + other.draft_tokens,
         )
 
 
@@ -91,11 +100,13 @@ def eval_drafter(
             if not draft:
                 continue
             out.proposed += 1
+            out.draft_tokens += len(draft[:k])
             out.target_prob_sum += float(probs[i, draft[0]]) if draft[0] < probs.shape[-1] else 0.0
             for j, d in enumerate(draft[:k]):
                 if i + j >= len(greedy) or d != greedy[i + j] or (j and tokens[i + j] != greedy[i + j - 1]):
                     break
                 out.accepted_per_pos[j] += 1
+        session.finish(tokens)  # as the engine does: a drafter that learns across requests sees this one's output
     out.seconds = time.perf_counter() - t0
     return out
 
@@ -125,3 +136,87 @@ def eval_sequences(
     ps = [chat_prompt_ids(target.view, [{"role": "user", "content": p}]) for p in (prompts or DEFAULT_EVAL_PROMPTS)]
     seqs = greedy_continuations(target, ps, continuation_tokens)
     return seqs, f"the target's greedy continuations ({continuation_tokens} tokens) of {len(ps)} prompts"
+
+
+# ==== self-speculation: which L ===================================================================
+
+
+@dataclass
+class SelfSpecPoint:
+    """One depth of a ``--drafter self:L`` sweep: its offline acceptance and what drafting costs."""
+
+    layers: int  # L: the target's first L decoder layers draft
+    eval: OfflineEval
+    draft_cost: float  # one L-layer draft forward / one full target forward (one token each)
+    verify_cost: float  # one (k+1)-token verification forward / one full one-token forward
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.eval.acceptance_rate
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted tokens per draft (the target's bonus token counted)."""
+        return self.eval.expected_acceptance_length
+
+    @property
+    def estimated_speedup(self) -> float:
+        """Tokens per step over the step's cost in one-token target forwards, from the forwards alone:
+        ``mean_acceptance_length / (verify_cost + draft tokens per step × draft_cost)``."""
+        ev = self.eval
+        if not ev.positions:
+            return float("nan")
+        return self.mean_acceptance_length / (self.verify_cost + ev.draft_tokens / ev.positions * self.draft_cost)
+
+
+def forward_seconds(target: CausalLM, drafters: list[SelfSpecDrafter], tokens: list[int], *, k: int, rounds: int = 5):
+    """Seconds of one one-token target forward, one (k+1)-token verification and one draft forward
+    of each drafter (over the target's cache, as in the engine), all at the end of ``tokens``: the
+    fastest of ``rounds`` rounds that time each in turn, so a busy machine slows them all alike."""
+    m = len(tokens) - k - 1  # the timed forwards feed tokens[m:]
+    if m < 1:
+        raise ValueError(f"timing needs a sequence of at least k + 2 = {k + 2} tokens, got {len(tokens)}.")
+    s = target.session()
+    s.extend(tokens[:m])
+    sessions = [d.session(tokens[:m]) for d in drafters]
+    for session in sessions:
+        session.attach_target(s)
+    steps = [
+        lambda: (s.extend(tokens[m : m + 1]), s.truncate(m)),
+        lambda: (s.extend(tokens[m : m + k + 1], keep=k + 1), s.truncate(m)),
+        *(functools.partial(x.propose, tokens[: m + 1], 1, _GREEDY, None) for x in sessions),
+    ]
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(rounds + 1):
+        for step, spent in zip(steps, times):
+            t0 = time.perf_counter()
+            step()
+            spent.append(time.perf_counter() - t0)
+    best = [min(spent[1:]) for spent in times]  # the first round warms up
+    return best[0], best[1], best[2:]
+
+
+def sweep_self_spec(
+    target: CausalLM,
+    sequences: list[tuple[int, list[int]]],
+    layers: list[int],
+    *,
+    k: int = 4,
+    min_confidence: float = 0.0,
+    rounds: int = 5,
+) -> list[SelfSpecPoint]:
+    """Score ``--drafter self:L`` for each L in ``layers`` along ``sequences`` (as :func:`eval_drafter`),
+    the target loaded once, with the cost of an L-layer draft forward and of a (k+1)-token
+    verification relative to a one-token target forward (:func:`forward_seconds`, at the end of
+    the longest sequence).
+
+    >>> [(p.layers, round(p.acceptance_rate, 2)) for p in sweep_self_spec(lm, seqs, [4, 8])]  # doctest: +SKIP
+    [(4, 0.21), (8, 0.43)]
+    """
+    drafters = [SelfSpecDrafter(target, layers=n, min_confidence=min_confidence) for n in layers]  # a bad L fails first
+    probe = max((tokens for _, tokens in sequences), key=len)
+    full, verify, drafts = forward_seconds(target, drafters, probe, k=k, rounds=rounds)
+    return [
+        SelfSpecPoint(d.layers, eval_drafter(target, d, sequences, k=k, name=f"self:{d.layers}"), t / full, verify / full)
+        for d, t in zip(drafters, drafts)
+    ]

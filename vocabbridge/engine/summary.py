@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..report import Section, fmt_float, fmt_int, fmt_pct
-from .offline import OfflineEval
+from .offline import OfflineEval, SelfSpecPoint
 from .stats import SpecStats
 
 
@@ -35,3 +35,26 @@ def offline_section(ev: OfflineEval, source: str) -> Section:
         ["seconds", fmt_float(ev.seconds)],
     ]
     return Section(f"Offline acceptance: {ev.name} drafter", ["", "value"], rows, [f"scored along {source}"])
+
+
+def self_sweep_section(points: list[SelfSpecPoint], source: str, k: int) -> Section:
+    """One row per early-exit depth L of a ``--drafter self:L`` sweep."""
+    rows = [
+        [
+            f"self:{p.layers}",
+            fmt_pct(p.acceptance_rate),
+            fmt_float(p.mean_acceptance_length),
+            fmt_float(p.draft_cost),
+            f"×{fmt_float(p.estimated_speedup)}",
+        ]
+        for p in points
+    ]
+    v = points[0].verify_cost if points else float("nan")
+    notes = [
+        f"scored along {source}; k = {k}",
+        "draft cost: one L-layer draft forward / one full target forward (one token each, the fastest of 5 rounds)",
+        f"est. speedup: mean acceptance length / ({fmt_float(v)} for a {k + 1}-token verification + draft tokens × draft cost), "
+        "in one-token target forwards; measure the real one with generate --compare-plain",
+    ]
+    columns = ["drafter", "acceptance rate", "mean acceptance length", "draft cost", "est. speedup"]
+    return Section("Self-speculation: which L", columns, rows, notes)

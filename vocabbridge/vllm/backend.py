@@ -48,6 +48,7 @@ from ..errors import ConfigError, VocabBridgeError
 from ..mapping import load_map
 from ..presets import PRESETS, resolve_model
 from ..spec import (
+    PROPOSER_METHODS,
     PROPOSERS,
     EngineSpec,
     engine_only_notes,
@@ -190,8 +191,8 @@ def vllm_command(
         )
     files: tuple[tuple[str, str], ...] = ()
     map_check = None
-    if ours in ("text", "bridged"):
-        path, text = proposer_config(spec, resolve_model(spec.drafter))
+    if ours in PROPOSER_METHODS.values():
+        path, text = proposer_config(spec, resolve_model(spec.drafter) if spec.uses_model else None)
         files = ((str(path), text),)
         env[CONFIG_ENV] = str(path)
         notes.append(f"vocabbridge's {ours} drafter runs inside vLLM's worker ({cfg['model']}, configuration {path})")
@@ -209,8 +210,8 @@ def vllm_command(
 
 
 def spec_method(cfg: dict) -> str:
-    """``text`` for ``vocabbridge.vllm.proposers.TextProposer`` …"""
-    return cfg["model"].rsplit(".", 1)[-1].removesuffix("Proposer").lower()
+    """``text`` for ``vocabbridge.vllm.proposers.TextProposer``, ``ngram-map`` for ``…NgramMapProposer`` …"""
+    return PROPOSER_METHODS[cfg["model"].rsplit(".", 1)[-1]]
 
 
 def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:

@@ -1,9 +1,10 @@
 """vocabbridge's drafters inside vLLM, as ``custom_class`` proposers.
 
-``vocabbridge serve --backend vllm --drafter MODEL --mode text`` (or ``bridged``) starts vLLM with
-``--speculative-config '{"method": "custom_class", "model": "vocabbridge.vllm.proposers.TextProposer",
-"num_speculative_tokens": k}'`` and ``VOCABBRIDGE_VLLM_DRAFTER`` naming a small JSON file that says
-which drafter model, map and options to use (:func:`write_config`). vLLM imports the class in its
+``vocabbridge serve --backend vllm --drafter MODEL --mode text`` (or ``bridged``, or ``--drafter
+ngram-map``) starts vLLM with ``--speculative-config '{"method": "custom_class", "model":
+"vocabbridge.vllm.proposers.TextProposer", "num_speculative_tokens": k}'`` and
+``VOCABBRIDGE_VLLM_DRAFTER`` naming a small JSON file that says which drafter model, map and options
+to use (:func:`proposer_config`). vLLM imports the class in its
 worker process and constructs it with its ``VllmConfig``; every step it calls
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` with every
 running request's committed token ids, and verifies what we return with the target, losslessly.
@@ -18,7 +19,7 @@ request: prompt lookup first (``--ngram-first``), the confidence gate (``--min-c
 back-off after repeated misses.
 
 The drafter model runs in vLLM's worker process, on its device (the CPU here; int8 weights by
-default, as in our engine).
+default, as in our engine). Drafters without a model (the n-gram map) run there too, on the CPU.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ CONFIG_ENV = "VOCABBRIDGE_VLLM_DRAFTER"
 EVICT_AFTER = 256  # propose calls a request may be absent from the batch before its state is dropped
 
 
-def proposer_config(spec: EngineSpec, drafter_source: str) -> tuple[Path, str]:
+def proposer_config(spec: EngineSpec, drafter_source: str | None) -> tuple[Path, str]:
     """The proposer's configuration file (path, content), for vLLM's worker to read; its path goes
     in ``VOCABBRIDGE_VLLM_DRAFTER``. The name is a hash of the content: one configuration, one file."""
     doc = {"spec": dataclasses.asdict(spec), "drafter": drafter_source}
@@ -49,12 +50,12 @@ def proposer_config(spec: EngineSpec, drafter_source: str) -> tuple[Path, str]:
     return cache_root() / "vllm" / f"proposer-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json", text
 
 
-def read_config() -> tuple[EngineSpec, str]:
+def read_config() -> tuple[EngineSpec, str | None]:
     path = os.environ.get(CONFIG_ENV)
     if not path:
         raise RuntimeError(
-            f"{CONFIG_ENV} is not set: start vLLM with `vocabbridge serve --backend vllm --drafter MODEL --mode text|bridged`, "
-            "which writes the proposer's configuration and sets it."
+            f"{CONFIG_ENV} is not set: start vLLM with `vocabbridge serve --backend vllm --drafter MODEL --mode text|bridged` "
+            "(or --drafter ngram-map), which writes the proposer's configuration and sets it."
         )
     doc = json.loads(Path(path).read_text(encoding="utf-8"))
     return EngineSpec(**doc["spec"]), doc["drafter"]
@@ -91,16 +92,18 @@ def _find_runner():
 
 
 class VocabbridgeProposer:
-    """The base of our proposers; subclasses name the mode (``mode``)."""
+    """The base of our proposers; subclasses name the registered drafting method (``method``): a
+    model drafter's mode (text, bridged) or a method without a model (ngram-map)."""
 
-    mode = ""
+    method = ""
 
     def __init__(self, vllm_config):
         from ..engine.engine import BackOff  # torch: only inside vLLM's worker
 
         self._backoff_cls = BackOff
         spec, self.drafter_source = read_config()
-        self.spec = spec.replace(mode=self.mode)
+        self.uses_model = DRAFTERS[self.method].uses_model
+        self.spec = spec.replace(mode=self.method) if self.uses_model else spec
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.target_source = vllm_config.model_config.tokenizer
@@ -117,10 +120,15 @@ class VocabbridgeProposer:
         from ..engine.model import load_causal_lm
         from ..tokenizer import load_tokenizer
 
-        target = _TargetInfo(load_tokenizer(self.target_source), self.target_vocab, self.target_source)
-        lm = load_causal_lm(self.drafter_source, dtype=drafter_dtype(self.spec), device=self.spec.device)
-        drafter = DRAFTERS[self.mode].engine_class().from_spec(self.spec, target, lm)
-        if self.spec.ngram_first:
+        view = load_tokenizer(self.target_source) if self.uses_model else None  # the n-gram map reads ids only
+        target = _TargetInfo(view, self.target_vocab, self.target_source)
+        lm = (
+            load_causal_lm(self.drafter_source, dtype=drafter_dtype(self.spec), device=self.spec.device)
+            if self.uses_model
+            else None
+        )
+        drafter = DRAFTERS[self.method].engine_class().from_spec(self.spec, target, lm)
+        if self.spec.ngram_first and self.uses_model:
             lookup_min = max(2, self.spec.prompt_lookup_min)
             drafter = NgramFirstDrafter(
                 drafter, prompt_lookup_min=lookup_min, prompt_lookup_max=max(lookup_min, self.spec.prompt_lookup_max)
@@ -172,10 +180,17 @@ class VocabbridgeProposer:
 class TextProposer(VocabbridgeProposer):
     """The text-level drafter (SLEM-style): the drafter continues the context text in its own tokenization."""
 
-    mode = "text"
+    method = "text"
 
 
 class BridgedProposer(VocabbridgeProposer):
     """The bridged drafter: the context through the token map and its input bridge, proposals mapped back."""
 
-    mode = "bridged"
+    method = "bridged"
+
+
+class NgramMapProposer(VocabbridgeProposer):
+    """llama.cpp's n-gram map (``--drafter ngram-map``): the most frequent continuation of the last n
+    tokens, proposed once it has been seen ``--ngram-map-min-hits`` times; no model."""
+
+    method = "ngram-map"

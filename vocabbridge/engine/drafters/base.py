@@ -29,6 +29,11 @@ class DraftSession:
         the forward that just ran (a verification's rejected positions among them: later forwards
         overwrite those). Called only when ``reads_hidden``."""
 
+    def attach_target(self, target) -> None:
+        """The target's own session for this request (its ``KVSession``: cache and ids), given before
+        the prefill. A drafter that runs part of the target (``self``) drafts over that cache and
+        leaves it exactly as it found it; the others ignore it."""
+
     def warm(self, context: list[int], chunk: int) -> Iterator[None]:
         """Prefill the drafter on ``context`` in chunks of ``chunk`` tokens, yielding between them,
         so its first proposal is cheap and no single step keeps the engine busy for long. Drafters
@@ -38,6 +43,11 @@ class DraftSession:
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
         """Up to ``k`` tokens to follow ``context`` (all committed target ids: prompt + output)."""
         raise NotImplementedError
+
+    def finish(self, context: list[int]) -> None:
+        """The request ended (finished, stopped or cancelled) with ``context``: its prompt and every
+        token it produced, the last ones never proposed after. A drafter that learns across requests
+        (``suffix``: the outputs of earlier requests) takes them here; the others ignore it."""
 
 
 class Drafter:

@@ -22,6 +22,9 @@ class _CombinedSession(DraftSession):
     def forwards(self) -> int:
         return self.model.forwards
 
+    def attach_target(self, target):
+        self.model.attach_target(target)
+
     def warm(self, context, chunk):
         return self.model.warm(context, chunk)
 
