@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from vocabbridge.bench import BenchSettings, Endpoint, bench_urls, parse_prompts, write_outputs
+from vocabbridge.bench import BenchSettings, Endpoint, bench_urls, parse_prompts, sections, write_outputs
 from vocabbridge.bench.client import BenchClient
 from vocabbridge.bench.counters import counter_delta
 from vocabbridge.bench.launch import LaunchSettings, bench_launched, parse_drafters
@@ -93,6 +93,10 @@ def test_json_carries_every_figure(run):
     assert self_["overall"]["mean_acceptance_length"] > 2 and self_["overall"]["forwards_per_token"] < 0.5
     assert self_["overall"]["per_position_acceptance"][0] == 1.0
     assert 0 <= draft["overall"]["acceptance_rate"] <= 1 and len(draft["overall"]["per_position_acceptance"]) == 3
+    # greedy: every drafter gives the baseline's very answers (lossless), and the table says so
+    assert [c["same_answers"] for c in j["configs"]] == [[4, 4], [4, 4], [4, 4]]
+    overall = next(s for s in sections(res) if s.title == "By configuration")
+    assert [row[-1] for row in overall.rows] == ["4 of 4"] * 3
 
 
 def test_each_request_gets_exactly_its_own_counter_deltas(run, tiny):

@@ -247,3 +247,44 @@ def test_the_stock_openai_client_works(server, tiny):
     assert chunks[-1].usage.completion_tokens == 16
     with pytest.raises(openai.NotFoundError):
         oa.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_continue_final_message_continues_the_assistant_message(client, tiny, stream):
+    """The prompt ends inside the assistant's turn (no end of turn, no new generation prompt); the
+    answer is only what the model wrote after it, as vLLM's."""
+    t = tiny["target"]
+    user = [{"role": "user", "content": PROMPTS[3]}]
+    prefill = "<think>\nThe user wants a direct answer. I will answer now.\n</think>\n\n"
+    messages = user + [{"role": "assistant", "content": prefill}]
+    rendered = render_chat(t.view, messages, add_generation_prompt=False, continue_final_message=True)
+    assert rendered == render_chat(t.view, user) + prefill  # by hand: the generation prompt, then the text
+    ids = t.view.encode(rendered)
+    shown = t.view.decode_bytes(ids).decode("utf-8")
+    assert shown.endswith("[|assistant|]" + prefill) and shown.count("[|assistant|]") == 1  # no end of turn, no new turn
+    _, text, finish = oracle(t, ids, 24)
+    body = {"messages": messages, "continue_final_message": True, "add_generation_prompt": False, **GREEDY}
+    if not stream:
+        r = client.post("/v1/chat/completions", json=body | {"return_token_ids": True}).json()
+        assert r["prompt_token_ids"] == ids and r["usage"]["prompt_tokens"] == len(ids)
+        assert r["choices"][0]["message"] == {"role": "assistant", "content": text} and r["choices"][0]["finish_reason"] == finish
+        return
+    with client.stream(
+        "POST", "/v1/chat/completions", json=body | {"stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
+        events = sse_events(r)
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"]) == text
+    assert events[-2]["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_continue_final_message_through_chat_template_kwargs(client, tiny):
+    """chat_template_kwargs win over the request's fields, as in vLLM."""
+    t = tiny["target"]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]
+    kwargs = {"continue_final_message": True, "add_generation_prompt": False}
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": messages, "chat_template_kwargs": kwargs, "return_token_ids": True, **GREEDY},
+    ).json()
+    assert r["prompt_token_ids"] == t.view.encode(render_chat(t.view, messages, **kwargs))
+

@@ -14,6 +14,7 @@ from vocabbridge.server import serve_in_thread
 from .server_helpers import built, client, metrics, server, wait_idle  # noqa: F401
 
 LONG = "안녕하세요 " * 400  # far more tokens than the tiny model's 512-token context
+CONTINUED = {"role": "assistant", "content": "<think>\nI will answer now.\n</think>\n\n"}
 
 
 @pytest.mark.parametrize(
@@ -84,6 +85,20 @@ LONG = "안녕하세요 " * 400  # far more tokens than the tiny model's 512-tok
             "chat_template_kwargs",
             "invalid_type",
         ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}, CONTINUED], "continue_final_message": True},
+            400,
+            "add_generation_prompt",
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True, "add_generation_prompt": False},
+            400,
+            "messages",
+            None,
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(client, path, body, status, param, code):
@@ -94,6 +109,19 @@ def test_bad_requests_get_openai_errors(client, path, body, status, param, code)
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     assert (err["param"], err["code"]) == (param, code)
     assert err["type"] == "invalid_request_error"
+
+
+def test_continue_final_message_errors_say_the_fix(client):
+    user = {"role": "user", "content": "hi"}
+    both = client.post("/v1/chat/completions", json={"messages": [user, CONTINUED], "continue_final_message": True})
+    assert both.status_code == 400
+    assert both.json()["error"]["message"].startswith("Cannot set both `continue_final_message` and `add_generation_prompt`")
+    assert 'send "add_generation_prompt": false' in both.json()["error"]["message"]
+    body = {"messages": [user], "continue_final_message": True, "add_generation_prompt": False}
+    last = client.post("/v1/chat/completions", json=body)
+    assert last.status_code == 400
+    assert "must be the assistant's (got 'user')" in last.json()["error"]["message"]
+    assert '{"role": "assistant", "content": "..."}' in last.json()["error"]["message"]
 
 
 def test_the_server_keeps_serving_after_bad_requests(client):

@@ -1,6 +1,8 @@
 """``vocabbridge bench``: the EXAONE study's speculative-decoding protocol against any
 OpenAI-compatible server (ours or vLLM): a prompt suite, thinking on/off, repeats, a warm-up kept
-out of the averages, acceptance from ``/metrics`` deltas, a concurrency sweep; tables, JSON, PNGs.
+out of the averages, acceptance from ``/metrics`` deltas, a concurrency sweep, prefilled-think
+variants beside the plain requests with a flag for answers that start with planning notes;
+tables, JSON, PNGs.
 
 >>> from vocabbridge.bench import BenchSettings, Endpoint, bench_urls, load_prompts  # doctest: +SKIP
 >>> res = bench_urls([Endpoint("ngram", "http://127.0.0.1:8000")], load_prompts(), BenchSettings(max_tokens=64))  # doctest: +SKIP
@@ -11,9 +13,11 @@ from ..errors import BenchError, LaunchError, MetricsError, PromptFileError, Ser
 from .counters import Counters, SpecDelta, counter_delta, parse_counters
 from .launch import DrafterChoice, LaunchSettings, bench_launched, parse_drafters
 from .outputs import markdown_report, sections, write_outputs
+from .planning import starts_with_planning
+from .prefill import THINK_BLOCKS, prefill_text
 from .prompts import Prompt, load_prompts, parse_prompts, select_prompts
 from .protocol import BenchSettings, Progress, bench_endpoint, bench_urls
-from .results import BenchResult, ConfigResult, Endpoint, Figures, RequestResult
+from .results import BenchResult, ConfigResult, Endpoint, Figures, PrefillFigures, RequestResult
 
 __all__ = [
     "BenchError",
@@ -27,12 +31,14 @@ __all__ = [
     "LaunchError",
     "LaunchSettings",
     "MetricsError",
+    "PrefillFigures",
     "Progress",
     "Prompt",
     "PromptFileError",
     "RequestResult",
     "ServerError",
     "SpecDelta",
+    "THINK_BLOCKS",
     "bench_endpoint",
     "bench_launched",
     "bench_urls",
@@ -42,7 +48,9 @@ __all__ = [
     "parse_counters",
     "parse_drafters",
     "parse_prompts",
+    "prefill_text",
     "sections",
     "select_prompts",
+    "starts_with_planning",
     "write_outputs",
 ]

@@ -115,8 +115,16 @@ class BenchClient:
         max_tokens: int,
         temperature: float | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        prefill: str | None = None,
     ) -> Completion:
-        """Stream one chat completion and time it; errors are returned in ``Completion.error``."""
+        """Stream one chat completion and time it; errors are returned in ``Completion.error``.
+
+        ``prefill`` starts the answer: it is sent as a last assistant message with vLLM's
+        ``continue_final_message: true, add_generation_prompt: false``, and the text returned is
+        what the model wrote after it.
+        """
+        if prefill is not None:
+            messages = [*messages, {"role": "assistant", "content": prefill}]
         body: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -128,6 +136,8 @@ class BenchClient:
             body["temperature"] = temperature
         if chat_template_kwargs:
             body["chat_template_kwargs"] = chat_template_kwargs
+        if prefill is not None:
+            body |= {"continue_final_message": True, "add_generation_prompt": False}
         out = Completion()
         text, reasoning = [], []
         usage_tokens = None

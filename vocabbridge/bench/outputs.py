@@ -1,5 +1,6 @@
 """A benchmark's results for people: rich tables / Markdown (through :mod:`vocabbridge.report`
-sections), JSON for machines, and PNG plots.
+sections), JSON for machines, and PNG plots. A run with ``--prefill-think`` variants gets a
+"Prefill" section after "By prompt": each variant beside the plain requests.
 
 >>> from vocabbridge.bench.results import BenchResult
 >>> [s.title for s in sections(BenchResult(settings={}, prompts=[], configs=[]))]
@@ -13,7 +14,8 @@ from pathlib import Path
 from ..report import Section, fmt_float, fmt_pct, to_json, to_markdown
 from ..util import atomic_write_text
 from .plots import write_plots
-from .results import BenchResult, ConfigResult
+from .prefill import variant_label
+from .results import BenchResult, ConfigResult, Figures
 
 
 def _x(v: float | None) -> str:
@@ -26,6 +28,15 @@ def _s(v: float | None) -> str:
 
 def _thinking(t: bool | None) -> str:
     return {None: "model default", True: "on", False: "off"}[t]
+
+
+def _planning(f: Figures) -> str:
+    """Answers starting with planning notes, "n of N" (N: the answers that could be judged)."""
+    return f"{f.planning_answers} of {f.answers}" if f.answers else "—"
+
+
+def _positions(acc: list[float]) -> str:
+    return " / ".join(f"{100 * a:.0f}" for a in acc) + " %" if acc else "—"
 
 
 def _launch(c: ConfigResult) -> str:
@@ -64,6 +75,8 @@ def sections(res: BenchResult) -> list[Section]:
             "acceptance",
             "mean acc. length",
             "target forwards / token",
+            "planning-note answers",
+            "same answer as baseline",
         ],
         [
             [
@@ -76,20 +89,30 @@ def sections(res: BenchResult) -> list[Section]:
                 fmt_pct(c.overall.acceptance_rate),
                 fmt_float(c.overall.mean_acceptance_length),
                 fmt_float(c.overall.forwards_per_token),
+                _planning(c.overall),
+                f"{c.same_answers[0]} of {c.same_answers[1]}" if c.same_answers else "—",
             ]
             for c in ok
         ],
         [
             f"speedup: decode tokens/s against '{res.baseline}' (no drafting)." if res.baseline else "speedup: no baseline.",
             "target forwards / token = (generated − accepted) / generated: 1.00 without drafting.",
+            "planning-note answers: answers that start with planning or meta talk ('Okay, the user…', '사용자가…') "
+            "or hold a think tag, of those that could be judged.",
+            "same answer as baseline (greedy runs): measured answers, prefilled ones included, that are the very text of "
+            "the baseline's answer to the same prompt and repeat; a lossless drafter gives N of N.",
         ],
     )
+    if any(v.prefill is not None for c in ok for v in c.by_prefill):
+        overall.notes.append("plain requests (nothing prefilled); the --prefill-think variants are in 'Prefill'.")
+    variants = any(p.prefill is not None for c in ok for p in c.by_prompt)
     by_prompt = Section(
         "By prompt",
         [
             "configuration",
             "prompt",
             "thinking",
+            *(["prefill"] if variants else []),
             "n",
             "decode tok/s",
             "speedup",
@@ -103,6 +126,7 @@ def sections(res: BenchResult) -> list[Section]:
                 c.name,
                 p.prompt_id,
                 _thinking(p.thinking),
+                *([variant_label(p.prefill)] if variants else []),
                 str(p.figures.requests),
                 fmt_float(p.figures.decode_tokens_per_second),
                 _x(p.figures.speedup),
@@ -115,6 +139,7 @@ def sections(res: BenchResult) -> list[Section]:
             for p in c.by_prompt
         ],
     )
+    prefill = _prefill_section(res) if variants else None
     k = max((len(c.overall.per_position_acceptance) for c in ok), default=0)
     pos = Section(
         "Acceptance by draft position",
@@ -172,11 +197,65 @@ def sections(res: BenchResult) -> list[Section]:
             if c.warmup is not None and c.warmup.ok
         ],
     )
-    for s in (cfg, overall, by_prompt, pos, conc, warm):
+    out = [cfg, overall, by_prompt, *([prefill] if prefill else []), pos, conc, warm]
+    for s in out:
         if not s.rows:
             s.notes.insert(0, "nothing measured.")
     overall.notes += res.notes
-    return [cfg, overall, by_prompt, pos, conc, warm]
+    return out
+
+
+def _prefill_section(res: BenchResult) -> Section:
+    """Per configuration and thinking mode: the plain requests, then each prefill variant beside them."""
+    rows = []
+    for c in (c for c in res.configs if c.error is None):
+        for v in c.by_prefill:
+            f, plain = v.figures, c.plain_figures(v.thinking)
+            vs_plain = (
+                f.decode_tokens_per_second / plain.decode_tokens_per_second
+                if v.prefill is not None and plain and plain.decode_tokens_per_second and f.decode_tokens_per_second
+                else None
+            )
+            rows.append(
+                [
+                    c.name,
+                    _thinking(v.thinking),
+                    variant_label(v.prefill),
+                    str(f.requests) + (f" ({f.failed} failed)" if f.failed else ""),
+                    fmt_float(f.decode_tokens_per_second),
+                    _x(vs_plain),
+                    _x(f.speedup),
+                    fmt_pct(f.acceptance_rate),
+                    fmt_float(f.mean_acceptance_length),
+                    _positions(f.per_position_acceptance),
+                    _planning(f),
+                ]
+            )
+    return Section(
+        "Prefill",
+        [
+            "configuration",
+            "thinking",
+            "prefill",
+            "n",
+            "decode tok/s",
+            "vs plain",
+            "speedup",
+            "acceptance",
+            "mean acc. length",
+            "acceptance by position",
+            "planning-note answers",
+        ],
+        rows,
+        [
+            "prefill: the assistant turn sent started with a closed think block (continue_final_message); "
+            "match = the built-in block in the prompt's language, en / ko = that block for every prompt, "
+            "other values = that text; plain = nothing prefilled.",
+            "vs plain: decode tokens/s against the same configuration's plain requests; "
+            "speedup: against the baseline's requests with the same prefill.",
+            "planning-note answers: answers that start with planning or meta talk, or hold a think tag, of those judged.",
+        ],
+    )
 
 
 def settings_line(res: BenchResult) -> str:
@@ -184,8 +263,9 @@ def settings_line(res: BenchResult) -> str:
     temp = "model default" if s.get("temperature") is None else s.get("temperature")
     return (
         f"max tokens {s.get('max_tokens')}, repeats {s.get('repeats')}, thinking {s.get('thinking')}, temperature {temp}, "
-        f"concurrency {','.join(str(c) for c in s.get('concurrency', ()))}, prompts "
-        f"{', '.join(p['id'] for p in res.prompts)}"
+        f"concurrency {','.join(str(c) for c in s.get('concurrency', ()))}, "
+        + (f"prefill think {', '.join(s['prefill_think'])}, " if s.get("prefill_think") else "")
+        + f"prompts {', '.join(p['id'] for p in res.prompts)}"
     )
 
 

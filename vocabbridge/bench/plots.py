@@ -1,6 +1,7 @@
 """PNG plots of a benchmark (matplotlib, Agg backend: no display needed).
 
-- tokens/s by prompt and configuration, the speedup against the baseline written on each bar;
+- tokens/s by prompt and configuration, the speedup against the baseline written on each bar
+  (plain requests: the ``--prefill-think`` variants are in the report's tables);
 - acceptance by draft position, one line per configuration that drafted;
 - aggregate and per-request throughput against the number of concurrent requests.
 """
@@ -36,13 +37,13 @@ def _empty(ax, text: str) -> None:
 def plot_tokens_per_second(res: BenchResult, path: Path) -> Path:
     plt = _pyplot()
     configs = [c for c in res.configs if c.error is None]
-    keys = list(dict.fromkeys((p.prompt_id, p.thinking) for c in configs for p in c.by_prompt))
+    keys = list(dict.fromkeys((p.prompt_id, p.thinking) for c in configs for p in c.by_prompt if p.prefill is None))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + 0.45 * len(keys) * max(len(configs), 1)), 4.5))
     if not keys:
         _empty(ax, "no completed requests")
     width = 0.8 / max(len(configs), 1)
     for j, c in enumerate(configs):
-        figs = {(p.prompt_id, p.thinking): p.figures for p in c.by_prompt}
+        figs = {(p.prompt_id, p.thinking): p.figures for p in c.by_prompt if p.prefill is None}
         xs = [i + (j - (len(configs) - 1) / 2) * width for i in range(len(keys))]
         ys = [(figs[k].decode_tokens_per_second or 0.0) if k in figs else 0.0 for k in keys]
         bars = ax.bar(xs, ys, width, label=c.name)

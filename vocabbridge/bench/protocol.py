@@ -3,15 +3,16 @@
 Per configuration:
 
 1. a warm-up request (the shortest prompt), measured and reported on its own, never averaged;
-2. ``repeats`` × prompts × thinking modes, one at a time, ``/metrics`` scraped before and after
-   each request so each counter delta belongs to that request;
+2. ``repeats`` × prompts × thinking modes × prefill variants (plain, then each
+   ``--prefill-think`` value: :mod:`.prefill`), one at a time, ``/metrics`` scraped before and
+   after each request so each counter delta belongs to that request;
 3. a concurrency sweep: every level c sends the same request set (the prompts, shortest first,
    repeated until the highest level fills its slots) with at most c requests in flight; per-request
-   and aggregate throughput, counters over the whole wave.
+   and aggregate throughput, counters over the whole wave (plain requests only).
 
->>> s = BenchSettings(max_tokens=16, repeats=1, thinking="both", concurrency=(1, 4))
->>> s.thinking_modes
-[True, False]
+>>> s = BenchSettings(max_tokens=16, repeats=1, thinking="both", concurrency=(1, 4), prefill_think=("match", "en"))
+>>> s.thinking_modes, s.variants
+([True, False], [None, 'match', 'en'])
 """
 
 from __future__ import annotations
@@ -27,8 +28,18 @@ from .. import __version__
 from ..errors import BenchError, MetricsError
 from .client import BenchClient, Completion
 from .counters import Counters, SpecDelta, counter_delta
+from .prefill import check_variants, prefill_text
 from .prompts import Prompt
-from .results import BenchResult, ConcurrencyFigures, ConfigResult, Endpoint, RequestResult, apply_speedups, pick_baseline
+from .results import (
+    BenchResult,
+    ConcurrencyFigures,
+    ConfigResult,
+    Endpoint,
+    RequestResult,
+    apply_speedups,
+    compare_answers,
+    pick_baseline,
+)
 
 THINKING = {"model": [None], "on": [True], "off": [False], "both": [True, False]}
 
@@ -44,6 +55,7 @@ class BenchSettings:
     baseline: str | None = None  # the no-drafting configuration speedups are against
     request_timeout: float = 1800.0
     settle_s: float = 2.0  # how long to wait for the server's counters to count a finished request
+    prefill_think: tuple[str, ...] = ()  # variants run beside the plain requests: match | en | ko | literal text
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -56,14 +68,21 @@ class BenchSettings:
             raise BenchError("--temperature must be ≥ 0 (0 is greedy).")
         if any(c < 1 for c in self.concurrency):
             raise BenchError("--concurrency levels must be positive integers, e.g. 1,4,8.")
+        check_variants(self.prefill_think)
 
     @property
     def thinking_modes(self) -> list[bool | None]:
         return THINKING[self.thinking]
 
+    @property
+    def variants(self) -> list[str | None]:
+        """None (plain: nothing prefilled), then the ``prefill_think`` values."""
+        return [None, *self.prefill_think]
+
     def requests_per_config(self, n_prompts: int) -> int:
         wave = n_prompts * -(-max(self.concurrency) // n_prompts) if self.concurrency else 0
-        return int(self.warmup) + self.repeats * n_prompts * len(self.thinking_modes) + wave * len(self.concurrency)
+        measured = self.repeats * n_prompts * len(self.thinking_modes) * len(self.variants)
+        return int(self.warmup) + measured + wave * len(self.concurrency)
 
 
 class Progress:
@@ -86,6 +105,10 @@ def _kwargs(thinking: bool | None) -> dict[str, Any] | None:
 
 def _thinking_label(t: bool | None) -> str:
     return {None: "", True: " (thinking)", False: " (no thinking)"}[t]
+
+
+def _prefill_label(v: str | None) -> str:
+    return "" if v is None else f" [prefill {v if len(v) <= 20 else v[:17] + '...'}]"
 
 
 class _Runner:
@@ -115,7 +138,7 @@ class _Runner:
     def settle_s(self) -> float:
         return self.settings.settle_s
 
-    def chat(self, prompt: Prompt, thinking: bool | None) -> Completion:
+    def chat(self, prompt: Prompt, thinking: bool | None, prefill: str | None = None) -> Completion:
         s = self.settings
         return self.client.chat(
             self.model,
@@ -123,17 +146,31 @@ class _Runner:
             max_tokens=prompt.max_tokens or s.max_tokens,
             temperature=s.temperature,
             chat_template_kwargs=_kwargs(thinking),
+            prefill=prefill,
         )
 
-    def one(self, prompt: Prompt, thinking: bool | None, *, phase: str, repeat: int) -> RequestResult:
+    def one(self, prompt: Prompt, thinking: bool | None, *, phase: str, repeat: int, variant: str | None = None) -> RequestResult:
         self.progress.request_started(
-            f"{self.endpoint.name}: {prompt.id}{_thinking_label(thinking)}"
+            f"{self.endpoint.name}: {prompt.id}{_thinking_label(thinking)}{_prefill_label(variant)}"
             + (" [warm-up]" if phase == "warmup" else f" [{repeat + 1}/{self.settings.repeats}]")
         )
+        text = None if variant is None else prefill_text(variant, prompt.language)
         before = self.scrape()
-        comp = self.chat(prompt, thinking)
+        comp = self.chat(prompt, thinking, text)
         delta = self.scrape_after(before, 1) if comp.ok else None
-        r = RequestResult(self.endpoint.name, phase, prompt.id, prompt.category, thinking, repeat, 1, comp, delta)
+        r = RequestResult(
+            self.endpoint.name,
+            phase,
+            prompt.id,
+            prompt.category,
+            thinking,
+            repeat,
+            1,
+            comp,
+            delta,
+            prefill=variant,
+            prefill_text=text,
+        )
         self.progress.request_done(r)
         return r
 
@@ -209,7 +246,8 @@ def bench_endpoint(
         for rep in range(settings.repeats):
             for p in prompts:
                 for t in modes:
-                    res.requests.append(run.one(p, t, phase="measure", repeat=rep))
+                    for v in settings.variants:
+                        res.requests.append(run.one(p, t, phase="measure", repeat=rep, variant=v))
         jobs = concurrency_jobs(prompts, settings.concurrency)
         for c in settings.concurrency:
             res.concurrency.append(run.wave(jobs, modes[0], c))
@@ -253,6 +291,8 @@ def finish(
         raise BenchError(f"--baseline {settings.baseline} is not one of the configurations: {', '.join(names)}.")
     baseline = pick_baseline(configs, settings.baseline)
     apply_speedups(configs, baseline)
+    if settings.temperature == 0:
+        compare_answers(configs, baseline)
     notes = list(notes or [])
     if baseline is None:
         notes.append("speedup not measured: no no-drafting configuration (name one 'none', or pass --baseline NAME)")

@@ -4,8 +4,11 @@ Figures follow vLLM's definitions (see :mod:`.metrics`); in addition:
 
 - target forwards of a request = generated tokens − accepted draft tokens (each forward of the
   target yields its own token plus the draft tokens it accepted; the prefill yields the first);
-- speedup = decode tokens/s of a configuration / that of the no-drafting baseline, per prompt
-  and thinking mode, and over all requests.
+- speedup = decode tokens/s of a configuration / that of the no-drafting baseline, per prompt,
+  thinking mode and prefill variant, and over all plain requests: like is compared with like,
+  a prefilled request with the baseline's requests of the same variant;
+- ``overall`` and the plots are the plain requests (no prefill); ``by_prefill`` puts each
+  ``--prefill-think`` variant beside them, per thinking mode.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from .client import Completion
 from .counters import SpecDelta
+from .planning import answer_text, starts_with_planning
 
 
 @dataclass(frozen=True)
@@ -38,10 +42,21 @@ class RequestResult:
     concurrency: int
     completion: Completion
     metrics: SpecDelta | None  # this request's counter deltas; None without /metrics or at concurrency > 1
+    prefill: str | None = None  # the --prefill-think variant; None: plain (nothing prefilled)
+    prefill_text: str | None = None  # the assistant text it sent
 
     @property
     def ok(self) -> bool:
         return self.completion.ok
+
+    @property
+    def starts_with_planning(self) -> bool | None:
+        """Whether the answer opens with planning notes (:mod:`.planning`); None: no answer to judge."""
+        if not self.ok:
+            return None
+        c = self.completion
+        answer = answer_text(c.text, c.reasoning, thinking=self.thinking, prefilled=self.prefill is not None)
+        return None if answer is None else starts_with_planning(answer)
 
     @property
     def output_tokens(self) -> int:
@@ -106,6 +121,8 @@ class Figures:
     generated_measured: int = 0  # output tokens of the measured requests
     speedup: float | None = None  # decode tokens/s against the baseline
     speedup_total_time: float | None = None  # end to end (baseline total time / this one's)
+    answers: int = 0  # completed requests with an answer to judge (see RequestResult.starts_with_planning)
+    planning_answers: int = 0  # of those, answers that start with planning notes
 
     @classmethod
     def of(cls, results: list[RequestResult]) -> Figures:
@@ -115,6 +132,7 @@ class Figures:
         for r in (r for r in ok if r.metrics is not None):
             spec = r.metrics if spec is None else spec + r.metrics
         tps = [r.decode_tokens_per_second for r in ok]
+        judged = [r.starts_with_planning for r in ok]
         return cls(
             requests=len(ok),
             failed=len(results) - len(ok),
@@ -127,6 +145,8 @@ class Figures:
             spec=spec,
             target_forwards=_mean([r.target_forwards for r in measured]),
             generated_measured=sum(r.output_tokens for r in measured),
+            answers=sum(j is not None for j in judged),
+            planning_answers=sum(j is True for j in judged),
         )
 
     @property
@@ -154,6 +174,16 @@ class PromptFigures:
     prompt_id: str
     category: str
     thinking: bool | None
+    figures: Figures
+    prefill: str | None = None  # the --prefill-think variant; None: plain
+
+
+@dataclass
+class PrefillFigures:
+    """All prompts of one thinking mode and prefill variant (None: plain)."""
+
+    thinking: bool | None
+    prefill: str | None
     figures: Figures
 
 
@@ -205,22 +235,32 @@ class ConfigResult:
     warmup: RequestResult | None = None
     requests: list[RequestResult] = field(default_factory=list)
     by_prompt: list[PromptFigures] = field(default_factory=list)
-    overall: Figures = field(default_factory=Figures)
+    overall: Figures = field(default_factory=Figures)  # the plain requests
+    by_prefill: list[PrefillFigures] = field(default_factory=list)  # per thinking mode × variant, plain first
     concurrency: list[ConcurrencyFigures] = field(default_factory=list)
     unmeasured: list[str] = field(default_factory=list)  # what could not be measured, and why
     error: str | None = None  # the configuration could not be benchmarked at all
+    same_answers: tuple[int, int] | None = None  # greedy runs: (answers equal to the baseline's, answers compared)
 
     @property
     def name(self) -> str:
         return self.endpoint.name
 
     def summarize(self) -> None:
-        """Fill ``by_prompt`` and ``overall`` from ``requests`` (the warm-up is never among them)."""
+        """Fill ``by_prompt``, ``overall`` and ``by_prefill`` from ``requests`` (the warm-up is never among them)."""
         keys: dict[tuple, list[RequestResult]] = {}
+        variants: dict[tuple, list[RequestResult]] = {}
         for r in self.requests:
-            keys.setdefault((r.prompt_id, r.category, r.thinking), []).append(r)
-        self.by_prompt = [PromptFigures(p, c, t, Figures.of(rs)) for (p, c, t), rs in keys.items()]
-        self.overall = Figures.of(self.requests)
+            keys.setdefault((r.prompt_id, r.category, r.thinking, r.prefill), []).append(r)
+            variants.setdefault((r.thinking, r.prefill), []).append(r)
+        self.by_prompt = [PromptFigures(p, c, t, Figures.of(rs), v) for (p, c, t, v), rs in keys.items()]
+        self.overall = Figures.of([r for r in self.requests if r.prefill is None])
+        order = sorted(variants, key=lambda k: k[1] is not None)  # plain first, then the variants as run
+        self.by_prefill = [PrefillFigures(t, v, Figures.of(variants[t, v])) for t, v in order]
+
+    def plain_figures(self, thinking: bool | None) -> Figures | None:
+        """The plain requests of one thinking mode (what a prefill variant is beside)."""
+        return next((f.figures for f in self.by_prefill if f.thinking == thinking and f.prefill is None), None)
 
     @property
     def warmup_extra_time(self) -> float | None:
@@ -228,7 +268,11 @@ class ConfigResult:
         w = self.warmup
         if w is None or not w.ok:
             return None
-        same = [p.figures.total_time for p in self.by_prompt if (p.prompt_id, p.thinking) == (w.prompt_id, w.thinking)]
+        same = [
+            p.figures.total_time
+            for p in self.by_prompt
+            if (p.prompt_id, p.thinking, p.prefill) == (w.prompt_id, w.thinking, w.prefill)
+        ]
         return w.total_time - same[0] if same and same[0] is not None else None
 
 
@@ -260,7 +304,8 @@ def pick_baseline(configs: list[ConfigResult], wanted: str | None) -> str | None
 
 
 def apply_speedups(configs: list[ConfigResult], baseline: str | None) -> None:
-    """Speedup of every configuration (and every prompt) against the baseline's figures."""
+    """Speedup of every configuration (every prompt, every prefill variant) against the baseline's
+    figures of the same prompt, thinking mode and variant."""
     base = next((c for c in configs if c.name == baseline and c.error is None), None)
     if base is None:
         return
@@ -268,12 +313,31 @@ def apply_speedups(configs: list[ConfigResult], baseline: str | None) -> None:
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
 
-    base_prompts = {(p.prompt_id, p.thinking): p.figures for p in base.by_prompt}
+    def compare(f: Figures, b: Figures | None) -> None:
+        if b is not None:
+            f.speedup = ratio(f.decode_tokens_per_second, b.decode_tokens_per_second)
+            f.speedup_total_time = ratio(b.total_time, f.total_time)
+
+    base_prompts = {(p.prompt_id, p.thinking, p.prefill): p.figures for p in base.by_prompt}
+    base_variants = {(v.thinking, v.prefill): v.figures for v in base.by_prefill}
     for c in configs:
-        c.overall.speedup = ratio(c.overall.decode_tokens_per_second, base.overall.decode_tokens_per_second)
-        c.overall.speedup_total_time = ratio(base.overall.total_time, c.overall.total_time)
+        compare(c.overall, base.overall)
         for p in c.by_prompt:
-            b = base_prompts.get((p.prompt_id, p.thinking))
-            if b is not None:
-                p.figures.speedup = ratio(p.figures.decode_tokens_per_second, b.decode_tokens_per_second)
-                p.figures.speedup_total_time = ratio(b.total_time, p.figures.total_time)
+            compare(p.figures, base_prompts.get((p.prompt_id, p.thinking, p.prefill)))
+        for v in c.by_prefill:
+            compare(v.figures, base_variants.get((v.thinking, v.prefill)))
+
+
+def compare_answers(configs: list[ConfigResult], baseline: str | None) -> None:
+    """Greedy runs: how many of each configuration's measured answers are the very text of the
+    baseline's answer to the same prompt, thinking mode, variant and repeat. A drafter must not
+    change a greedy answer, so anything below "N of N" is a lossless-ness failure (or a server
+    whose verification rounds differently from its plain decoding)."""
+    base = next((c for c in configs if c.name == baseline and c.error is None), None)
+    if base is None:
+        return
+    ref = {(r.prompt_id, r.thinking, r.prefill, r.repeat): r.completion.text for r in base.requests if r.ok}
+    for c in configs:
+        pairs = [(r.completion.text, ref.get((r.prompt_id, r.thinking, r.prefill, r.repeat))) for r in c.requests if r.ok]
+        pairs = [(a, b) for a, b in pairs if b is not None]
+        c.same_answers = (sum(a == b for a, b in pairs), len(pairs)) if pairs else None

@@ -90,7 +90,8 @@ class _Progress:
             return
         c = r.completion
         what = f"{r.output_tokens} tokens, TTFT {c.ttft or 0:.2f} s, {c.total_time:.1f} s" if r.ok else f"failed: {c.error}"
-        line = f"[{self.config} {self.done}/{self.total}] {r.phase} {r.prompt_id}: {what}"
+        prefill = "" if r.prefill is None else f" (prefill {r.prefill})"
+        line = f"[{self.config} {self.done}/{self.total}] {r.phase} {r.prompt_id}{prefill}: {what}"
         self.console.print(line, highlight=False, markup=False)
 
     def config_done(self, result):
@@ -160,6 +161,15 @@ def _command_line() -> str | None:
     show_default=True,
     help="chat_template_kwargs.enable_thinking: model sends nothing (the template's default).",
 )
+@click.option(
+    "--prefill-think",
+    "prefill_think",
+    multiple=True,
+    metavar="TEXT",
+    help="Also run every prompt with the answer started by a closed think block (continue_final_message), "
+    "beside the plain requests; repeatable. match: the built-in block in the prompt's language; en, ko: "
+    "that block for every prompt; anything else: that text (\\n escapes).",
+)
 @click.option("--max-tokens", default=400, show_default=True, type=click.IntRange(1), help="Output tokens per request.")
 @click.option("--repeats", default=2, show_default=True, type=click.IntRange(1), help="Times each prompt is measured.")
 @click.option("--temperature", type=click.FloatRange(0), help="0 = greedy. [default: left out: the server's / model's own]")
@@ -186,6 +196,7 @@ def bench_cmd(
     categories,
     prompt_ids,
     thinking,
+    prefill_think,
     max_tokens,
     repeats,
     temperature,
@@ -200,13 +211,14 @@ def bench_cmd(
     """Compare drafting configurations on the same server hardware, the way the EXAONE study did.
 
     Per configuration: a warm-up request (reported apart, not averaged), then repeats × prompts ×
-    thinking modes one at a time with /metrics read before and after each (acceptance, per-position
-    acceptance, mean acceptance length, target forwards), then the concurrency sweep. Speedups
-    are against the configuration named `none`.
+    thinking modes (× --prefill-think variants) one at a time with /metrics read before and after
+    each (acceptance, per-position acceptance, mean acceptance length, target forwards), then the
+    concurrency sweep. Speedups are against the configuration named `none`.
 
     \b
     Examples:
       vocabbridge bench --url http://127.0.0.1:8000 --name ngram --url http://127.0.0.1:8001 --name none
+      vocabbridge bench --url http://127.0.0.1:8000 --name mtp --thinking off --prefill-think match --prefill-think en
       VOCABBRIDGE_MODELS=/work/models vocabbridge bench --target qwen2.5-coder-1.5b \\
           --drafters none,ngram,qwen2.5-coder-0.5b,smollm2-135m:bridged,smollm2-135m:text \\
           --max-tokens 64 --repeats 1 --concurrency 1,4 --temperature 0 --out benchmarks/results/run
@@ -225,6 +237,7 @@ def bench_cmd(
         warmup=warmup,
         baseline=baseline,
         request_timeout=request_timeout,
+        prefill_think=prefill_think,
     )
     with _Progress() as progress:
         if urls:

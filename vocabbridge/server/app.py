@@ -95,8 +95,7 @@ class ServerState:
 
     def chat_prompt(self, req: P.ChatCompletionRequest) -> list[int]:
         messages = [m.for_template(i) for i, m in enumerate(req.messages)]
-        kwargs = dict(req.chat_template_kwargs or {})
-        kwargs.setdefault("add_generation_prompt", req.add_generation_prompt)
+        kwargs = req.template_kwargs()
         try:
             return chat_prompt_ids(self.view, messages, **kwargs)
         except VocabBridgeError as e:

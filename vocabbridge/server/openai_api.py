@@ -4,7 +4,8 @@ Requests are parsed strictly (``"max_tokens": "5"`` is a type error, as in OpenA
 this server does not know are ignored, fields it knows but cannot honour (``n > 1``, ``logprobs``,
 ``tools``...) are refused with a message saying so. vLLM's extensions are accepted where the
 embedded engine has them: ``top_k``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``,
-``include_stop_str_in_output``, ``chat_template_kwargs``, ``return_token_ids``.
+``include_stop_str_in_output``, ``chat_template_kwargs``, ``return_token_ids``, ``add_generation_prompt``,
+``continue_final_message``.
 
 >>> r = parse_request(CompletionRequest, b'{"prompt": "hi", "max_tokens": 4}')
 >>> (r.prompt, r.max_tokens, r.n)
@@ -157,7 +158,8 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: int | None = None  # None → the rest of the context, as vLLM
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool = True  # vLLM extension
+    continue_final_message: bool = False  # vLLM extension: the model continues the last (assistant) message
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -172,6 +174,41 @@ class ChatCompletionRequest(_Sampling):
         if self.response_format and self.response_format.get("type", "text") != "text":
             out.append(("response_format", 'only response_format {"type": "text"} is supported'))
         return out
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What reaches the chat template: ``chat_template_kwargs`` over ``add_generation_prompt`` and
+        ``continue_final_message`` (vLLM's precedence), with vLLM's checks of the two.
+
+        >>> r = parse_request(ChatCompletionRequest, b'{"messages": [{"role": "user", "content": "hi"},'
+        ...     b' {"role": "assistant", "content": "<think>"}], "continue_final_message": true,'
+        ...     b' "add_generation_prompt": false}')
+        >>> r.template_kwargs()
+        {'add_generation_prompt': False, 'continue_final_message': True}
+        >>> r.model_copy(update={"add_generation_prompt": True}).template_kwargs()  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        vocabbridge.server.openai_api.ApiError: Cannot set both ... send "add_generation_prompt": false with ...
+        """
+        kw = {"add_generation_prompt": self.add_generation_prompt, "continue_final_message": self.continue_final_message}
+        kw |= self.chat_template_kwargs or {}
+        if not kw["continue_final_message"]:
+            return kw
+        if kw["add_generation_prompt"]:
+            raise ApiError(
+                400,
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True; add_generation_prompt "
+                'defaults to true: send "add_generation_prompt": false with "continue_final_message": true.',
+                param="add_generation_prompt",
+            )
+        last = self.messages[-1].role
+        if last != "assistant":
+            raise ApiError(
+                400,
+                f"continue_final_message continues the last message, which must be the assistant's (got {last!r}); "
+                'end messages with {"role": "assistant", "content": "..."}, the text the answer continues.',
+                param="messages",
+            )
+        return kw
 
 
 # ==== checks shared by both endpoints ====================================================
