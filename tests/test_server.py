@@ -288,3 +288,30 @@ def test_continue_final_message_through_chat_template_kwargs(client, tiny):
     ).json()
     assert r["prompt_token_ids"] == t.view.encode(render_chat(t.view, messages, **kwargs))
 
+
+def test_the_engine_can_run_on_the_callers_thread(built, tiny):
+    """engine_thread=False (what `vocabbridge serve` and the bench's in-process launch use): the engine
+    loop runs on the calling thread, a client in another thread gets the same answers, the worker
+    stops when the client is done, and the client's exception reaches the caller."""
+    t = tiny["target"]
+    tokens, _, _ = oracle(t, t.view.encode(PROMPTS[3]), 16)
+
+    def ask(url):
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.get("/health").status_code == 200  # alive before the loop runs: requests wait for it
+            r = c.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": PROMPTS[3], "return_token_ids": True, **GREEDY | {"max_tokens": 16}},
+            )
+            return threading.current_thread() is not threading.main_thread(), r.json()["choices"][0]["token_ids"]
+
+    with serve_in_thread(built, served_model_name="tiny", engine_thread=False) as srv:
+        assert not srv.worker.threaded
+        elsewhere, got = srv.run_with_engine_here(lambda: ask(srv.url))
+        assert elsewhere and got == tokens
+        assert not srv.worker.alive  # stopped once the client was done
+    with serve_in_thread(built, served_model_name="tiny", engine_thread=False) as srv:
+        with pytest.raises(ZeroDivisionError):
+            srv.run_with_engine_here(lambda: 1 / 0)
+    with serve_in_thread(built, served_model_name="tiny") as srv, pytest.raises(RuntimeError, match="thread=False"):
+        srv.run_engine()  # a worker with its own thread is not run here too

@@ -24,9 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -37,6 +38,8 @@ from ..vllm.backend import choose_backend
 from .prompts import Prompt
 from .protocol import BenchSettings, Progress, bench_endpoint, finish
 from .results import BenchResult, ConfigResult, Endpoint
+
+T = TypeVar("T")
 
 HOST = "127.0.0.1"
 NOT_SERVE_OPTIONS = ("target", "drafter")  # given first, before the options that differ from their defaults
@@ -176,9 +179,16 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _call(fn: Callable[[], T]) -> T:
+    return fn()
+
+
 @contextlib.contextmanager
-def subprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str) -> Iterator[Endpoint]:
-    """``vocabbridge serve`` for ``spec`` on a free loopback port, until the block ends."""
+def subprocess_server(
+    spec: EngineSpec, ls: LaunchSettings, *, name: str
+) -> Iterator[tuple[Endpoint, Callable[[Callable[[], T]], T]]]:
+    """``vocabbridge serve`` for ``spec`` on a free loopback port, until the block ends (yields the
+    endpoint and how to run the benchmark: here, as it is)."""
     port = free_port()
     argv = serve_argv(spec, backend=ls.backend, port=port, max_num_seqs=ls.max_num_seqs, extra=ls.serve_args)
     url = f"http://{HOST}:{port}"
@@ -212,7 +222,7 @@ def subprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str) -> Ite
             "command": argv[3:],
             "startup_seconds": round(time.perf_counter() - t0, 2),
         }
-        yield Endpoint(name, url, launch)
+        yield Endpoint(name, url, launch), _call
     except BaseException:
         stop_process(proc)
         raise  # the log stays for the error message to point at
@@ -235,8 +245,12 @@ def stop_process(proc: subprocess.Popen, *, grace: float = 30.0) -> int:
 
 
 @contextlib.contextmanager
-def inprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded: dict) -> Iterator[Endpoint]:
-    """The engine built in this process (models reused from ``loaded``), served on a loopback port."""
+def inprocess_server(
+    spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded: dict
+) -> Iterator[tuple[Endpoint, Callable[[Callable[[], T]], T]]]:
+    """The engine built in this process (models reused from ``loaded``), served on a loopback port.
+    Yields the endpoint and how to run the benchmark: in a helper thread while this thread runs
+    the engine (torch's CPU kernels are faster on the main thread, see EngineWorker)."""
     # Imported here, not at the top: the bench is a client for any server and must not need torch
     # (`import vocabbridge.bench` stays torch-free; tests/test_spec.py checks it).
     from ..engine.factory import build_engine
@@ -246,7 +260,7 @@ def inprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded:
     built = build_engine(spec, loaded=loaded)
     load_s = time.perf_counter() - t0
     kw = {"max_num_seqs": ls.max_num_seqs} if ls.max_num_seqs else {}
-    with serve_in_thread(built, host=HOST, port=0, **kw) as handle:
+    with serve_in_thread(built, host=HOST, port=0, engine_thread=False, **kw) as handle:
         launch = {
             "target": spec.target_name,
             "drafter": spec.drafter,
@@ -259,7 +273,7 @@ def inprocess_server(spec: EngineSpec, ls: LaunchSettings, *, name: str, loaded:
             "engine": built.describe(),
             "load_seconds": round(load_s, 2),
         }
-        yield Endpoint(name, handle.url, launch)
+        yield Endpoint(name, handle.url, launch), handle.run_with_engine_here
 
 
 def bench_launched(
@@ -290,8 +304,8 @@ def bench_launched(
         else:
             server = subprocess_server(spec, ls, name=d.name)
         try:
-            with server as endpoint:
-                configs.append(bench_endpoint(endpoint, prompts, settings, progress=progress))
+            with server as (endpoint, run):
+                configs.append(run(lambda: bench_endpoint(endpoint, prompts, settings, progress=progress)))
         except VocabBridgeError as e:
             failed = ConfigResult(
                 Endpoint(d.name, "", {"target": spec.target_name, "drafter": d.drafter, "mode": d.mode}), error=str(e)

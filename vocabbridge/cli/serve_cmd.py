@@ -136,15 +136,34 @@ def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_n
         sock.close()
         raise
     _say(f"loaded in {time.perf_counter() - t0:.1f} s: drafter {built.drafter_label}" + "".join(f"; {n}" for n in built.notes))
+    # The engine runs on this (the main) thread, HTTP in a thread of its own: torch's CPU kernels
+    # run faster on the main thread (see EngineWorker).
     handle = serve_in_thread(
-        built, host, sock=sock, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs
+        built,
+        host,
+        sock=sock,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        max_num_seqs=max_num_seqs,
+        engine_thread=False,
     )
     stop = threading.Event()
+    stopper = threading.Thread(target=handle.stop, name="vocabbridge-stop", daemon=True)
+    http_died = threading.Event()
 
     def on_signal(signum, frame):
         if stop.is_set():  # a second Ctrl-C: leave at once, whatever is running
             os._exit(128 + signum)
         stop.set()
+        _say("stopping: open requests end with an error, the engine finishes its current step (Ctrl-C again to quit at once)…")
+        stopper.start()  # ends the engine loop below after its current step
+
+    def watch_http():
+        while not stop.wait(0.5):
+            if not handle.thread.is_alive():
+                http_died.set()
+                handle.worker.stop()
+                return
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     k = f", k={built.engine.k}" if built.mode != "none" else ""
@@ -153,13 +172,14 @@ def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_n
         f"embedded engine, up to {max_num_seqs} concurrent requests; Ctrl-C stops"
     )
     sys.stdout.flush()
+    threading.Thread(target=watch_http, name="vocabbridge-watch", daemon=True).start()
     try:
-        while not stop.wait(0.5):
-            if not handle.thread.is_alive():
-                raise click.ClickException("the HTTP server stopped unexpectedly; run with --debug for the log.")
-        _say("stopping: open requests end with an error, the engine finishes its current step (Ctrl-C again to quit at once)…")
-        handle.stop()
+        handle.run_engine()
+        if http_died.is_set():
+            raise click.ClickException("the HTTP server stopped unexpectedly; run with --debug for the log.")
+        stopper.join()
     finally:
+        stop.set()
         for s, h in previous.items():
             signal.signal(s, h)
     _say("stopped")

@@ -37,7 +37,9 @@ log = logging.getLogger("vocabbridge.server")
 class ServerState:
     """What the routes share: the engine worker, the metrics, the served name, the API key."""
 
-    def __init__(self, built, *, served_model_name: str | None, api_key: str | None, max_num_seqs: int):
+    def __init__(
+        self, built, *, served_model_name: str | None, api_key: str | None, max_num_seqs: int, engine_thread: bool = True
+    ):
         self.built = built
         self.engine = built.engine
         self.view = built.target.view
@@ -49,7 +51,7 @@ class ServerState:
         self.metrics = ServerMetrics(
             self.model_name, speculative=speculative, num_spec_tokens=built.engine.k, max_model_len=self.max_context
         )
-        self.worker = EngineWorker(built.engine, self.metrics, max_num_seqs=max_num_seqs)
+        self.worker = EngineWorker(built.engine, self.metrics, max_num_seqs=max_num_seqs, thread=engine_thread)
 
     # ==== request → engine =================================================================
 
@@ -227,12 +229,22 @@ async def _collect(state: ServerState, gen: GenRequest, request: Request) -> tup
     return None
 
 
-def create_app(built, *, served_model_name: str | None = None, api_key: str | None = None, max_num_seqs: int = 8) -> FastAPI:
+def create_app(
+    built,
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_num_seqs: int = 8,
+    engine_thread: bool = True,
+) -> FastAPI:
     """A FastAPI app serving ``built`` (a :class:`~vocabbridge.engine.factory.BuiltEngine`).
 
-    The engine worker thread starts with the app's lifespan and stops with it.
+    The engine worker starts with the app's lifespan and stops with it: in a thread of its own, or
+    (``engine_thread=False``) on the thread that calls ``app.state.vocabbridge.worker.run()``.
     """
-    state = ServerState(built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs)
+    state = ServerState(
+        built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs, engine_thread=engine_thread
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

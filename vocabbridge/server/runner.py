@@ -10,11 +10,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import uvicorn
 
 from ..errors import VocabBridgeError
 from .app import create_app
+
+T = TypeVar("T")
 
 
 class ServerHandle:
@@ -27,6 +31,36 @@ class ServerHandle:
     @property
     def model_name(self) -> str:
         return self.app.state.vocabbridge.model_name
+
+    @property
+    def worker(self):
+        return self.app.state.vocabbridge.worker
+
+    def run_engine(self) -> None:
+        """Serve requests on this thread until :meth:`stop` is called from another (a server started
+        with ``engine_thread=False``); see :class:`~vocabbridge.server.worker.EngineWorker`."""
+        self.worker.run()
+
+    def run_with_engine_here(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in a helper thread while this thread runs the engine (a client of this server in
+        the same process, as the bench's in-process launch); returns or raises what ``fn`` did."""
+        box: dict = {}
+
+        def call():
+            try:
+                box["result"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                box["error"] = e
+            finally:
+                self.worker.stop()
+
+        helper = threading.Thread(target=call, name="vocabbridge-client", daemon=True)
+        helper.start()
+        self.run_engine()  # until call() is done (or Ctrl-C here)
+        helper.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
 
     def stop(self, timeout: float = 15.0) -> None:
         """Abort the requests still generating (their clients get a 503 error), stop uvicorn, join its thread."""
@@ -66,13 +100,18 @@ def serve_in_thread(
     log_level: str = "warning",
     access_log: bool = False,
     startup_timeout: float = 60.0,
+    engine_thread: bool = True,
 ) -> ServerHandle:
     """Start uvicorn serving ``built`` in a daemon thread; return once it accepts connections.
 
     ``sock``: an already bound socket (see :func:`bind`) instead of ``host``/``port``.
+    ``engine_thread=False``: the engine loop does not start; the caller runs it on its own thread
+    (:meth:`ServerHandle.run_engine`, :meth:`ServerHandle.run_with_engine_here`).
     """
 
-    app = create_app(built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs)
+    app = create_app(
+        built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs, engine_thread=engine_thread
+    )
     if sock is None:
         sock = bind(host, port)
     port = sock.getsockname()[1]  # the URL keeps the host as given ("localhost" stays "localhost")
