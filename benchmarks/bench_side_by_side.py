@@ -6,7 +6,7 @@ drafters it has, measured by `vocabbridge bench` (the same client, protocol and 
         --out benchmarks/results/2026-11-30-vllm-vs-embedded --llama-python /work/llama-venv/bin/python
 
 Configurations (k = 4 everywhere; --min-confidence applies to vocabbridge's model drafters):
-- embedded: none, ngram, the 0.5B same-family drafter, SmolLM2-135M as tli (vLLM's heterogeneous
+- embedded: none, ngram, suffix decoding, the 0.5B same-family drafter, SmolLM2-135M as tli (vLLM's heterogeneous
   path reproduced), bridged, text, and n-gram first + text;
 - vLLM: none, ngram, the 0.5B drafter, SmolLM2-135M through its own heterogeneous path (tli), the
   same with our map (the plugin), and our text and bridged proposers;
@@ -213,6 +213,7 @@ def main() -> None:
                 [
                     DrafterChoice(f"{e}:none", "none"),
                     DrafterChoice(f"{e}:ngram", "ngram"),
+                    DrafterChoice(f"{e}:suffix", "suffix"),
                     DrafterChoice(f"{e}:{d}", d),
                     DrafterChoice(f"{e}:{s}:tli", s, "tli"),
                     DrafterChoice(f"{e}:{s}:bridged", s, "bridged"),
