@@ -12,6 +12,7 @@ VOCABBRIDGE_REQUIRE_VLLM=1 (CI), where that is a failure. Each vLLM start takes 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -182,6 +183,14 @@ def plain():
     [
         (("--drafter", "ngram"), "ngram"),
         (("--drafter", "ngram-map", "--ngram-map-n", "4", "--ngram-map-value", "4"), "our ngram-map proposer"),
+        pytest.param(
+            ("--drafter", "suffix"),
+            "vLLM's suffix method",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("arctic_inference") is None,
+                reason="vLLM's suffix method needs arctic-inference (README: how to build it here); not installed",
+            ),
+        ),
         (("--drafter", str(SMOL), "--mode", "tli"), "vLLM's heterogeneous draft_model"),
         (("--drafter", str(SMOL), "--mode", "text"), "our text proposer"),
         (("--drafter", str(SMOL), "--mode", "bridged", "--map", str(MAP)), "our bridged proposer"),
@@ -196,7 +205,7 @@ def test_greedy_output_equals_no_speculation(plain, args, label):
         if "--map" in args and "tli" in args:
             used = [line for line in lines if "vocabbridge: VocabMapping from" in line]
             assert used and str(MAP) in used[0], "the plugin did not build vLLM's VocabMapping"
-        if "text" in args or "bridged" in args or "ngram-map" in args:
+        if "text" in args or "bridged" in args or "ngram-map" in args or "suffix" in args:
             assert c["num_accepted_tokens"] > 0, (label, c)
 
 
