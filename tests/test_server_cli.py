@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -16,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from vocabbridge.cli import main
-from vocabbridge.vllm.backend import vllm_command, vllm_installed
+from vocabbridge.errors import ConfigError
+from vocabbridge.vllm.backend import prepare, vllm_command, vllm_installed
 
 QWEN = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
@@ -131,6 +133,15 @@ def test_vllm_with_another_vocabulary_runs_our_text_drafter_by_default():
         "num_speculative_tokens": 3,
     }
     assert "text drafter runs inside vLLM's worker" in notes
+
+
+@pytest.mark.skipif(importlib.util.find_spec("arctic_inference") is not None, reason="arctic-inference is installed here")
+def test_vllms_suffix_method_without_arctic_inference_is_refused_before_vllm_starts():
+    argv, notes = dry_run("--target", "qwen2.5-coder-1.5b", "--drafter", "suffix", "--suffix-min-prob", "0.2")
+    assert spec_config(argv)["method"] == "suffix" and spec_config(argv)["suffix_decoding_min_token_prob"] == 0.2
+    assert "arctic-inference" in notes  # the dry run says what vLLM will need
+    with pytest.raises(ConfigError, match="arctic-inference.*CMAKE_ARGS.*--backend embedded"):
+        prepare(vllm_command(_spec(target="qwen2.5-coder-1.5b", drafter="suffix")), say=print)
 
 
 def test_vllm_runs_the_ngram_map_as_our_proposer_with_its_settings():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
 import json
 import os
 import shlex
@@ -214,9 +215,25 @@ def spec_method(cfg: dict) -> str:
     return PROPOSER_METHODS[cfg["model"].rsplit(".", 1)[-1]]
 
 
+SUFFIX_INSTALL = 'CMAKE_ARGS="-DPython_EXECUTABLE=$(which python)" pip install arctic-inference'
+
+
+def check_suffix_dependency() -> None:
+    """vLLM's suffix method runs Arctic Inference's suffix trees; without the package vLLM's engine
+    fails minutes into its start-up. Refuse at once, saying how to install it."""
+    if importlib.util.find_spec("arctic_inference") is None:
+        raise ConfigError(
+            "--drafter suffix in vLLM needs the arctic-inference package beside vLLM, and it is not installed: "
+            f"{SUFFIX_INSTALL} (PyPI has no wheel of its current release; the CMAKE_ARGS let its build find the "
+            "Python headers). Or serve with --backend embedded, which has its own suffix drafter."
+        )
+
+
 def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
     """What must hold before vLLM starts: a given map is for these tokenizers (seconds, not a failed
     start-up minutes later), the GGUF files are converted (once), our proposers' configuration is written."""
+    if (cmd.speculative_config or {}).get("method") == "suffix":
+        check_suffix_dependency()
     if cmd.memory_check:
         from ..engine.memory import check_fits  # torch
 
