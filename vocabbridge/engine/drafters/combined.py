@@ -35,6 +35,9 @@ class _CombinedSession(DraftSession):
             return Proposal(tokens)
         return self.model.propose(context, k, params, generator)
 
+    def finish(self, context):
+        self.model.finish(context)
+
 
 class NgramFirstDrafter(Drafter):
     uses_model = True
