@@ -90,6 +90,11 @@ class RowInt8Linear(torch.nn.Module):
         anchor[0, 0], anchor[0, -1] = 1.0, -1.0
         self.register_buffer("anchor", anchor, persistent=False)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The int8 weights, de-quantized [out, in] (what an MTP head drafting over this lm_head's rows reads)."""
+        return self.inner.weight().dequantize()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features).float()
