@@ -26,10 +26,16 @@ def _opt(name: str, help: str, **kw):
 @click.option("--prompts", type=click.Path(exists=True, dir_okay=False), help="JSONL training prompts (bench format).")
 @_opt("max_prompts", "Use the first N prompts (all by default).", type=click.IntRange(1))
 @_opt("new_tokens", "Greedy tokens generated per prompt.", type=click.IntRange(1))
-@_opt("gen_batch", "Prompts per generation batch (0: 12 on a CPU, 64 on a GPU).", type=click.IntRange(0))
+@_opt("gen_batch", "Prompts per generation batch (0: 16 on a CPU, 64 on a GPU).", type=click.IntRange(0))
 @_opt("top_k", "Soft labels (target probabilities) kept per position.", type=click.IntRange(1))
 @_opt(
     "draft_vocab", "Draft vocabulary: the N target tokens the data uses most (0: the whole vocabulary).", type=click.IntRange(0)
+)
+@_opt(
+    "init",
+    "eh_proj's start: least-squares (the best linear predictor of the target's next hidden state, fit to the data) "
+    "or identity (the head starts by repeating h_t).",
+    type=click.Choice(["least-squares", "identity"]),
 )
 @_opt("depth", "Chained draft steps trained (the head re-runs on its own output).", type=click.IntRange(1, 8))
 @_opt("epochs", "Passes over the training data.", type=click.IntRange(1))
@@ -46,8 +52,14 @@ def _opt(name: str, help: str, **kw):
 )
 @_opt("data_share", "Share of --budget-minutes for data generation.", type=click.FloatRange(0, 1, min_open=True, max_open=True))
 @_opt(
+    "data_dtype",
+    "The target generating the data: auto (int8 on a CPU, as --dtype int8 serves it; bfloat16 on CUDA), int8, "
+    "float32 or bfloat16.",
+    type=click.Choice(["auto", "int8", "float32", "bfloat16"]),
+)
+@_opt(
     "dtype",
-    "auto (bfloat16 data generation and autocast), float32 (exact, slower) or bfloat16.",
+    "Training autocast: auto (bfloat16 on CUDA and on CPUs with native bf16, else float32), float32 or bfloat16.",
     type=click.Choice(["auto", "float32", "bfloat16"]),
 )
 @_opt("device", "auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …", type=str)

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from .data import Sequence
-from .model import MTPHead
+from .model import MTPHead, norm_scale
 
 # ==== batches =====================================================================================
 
@@ -85,6 +85,151 @@ def batches(seqs: list[Sequence], *, batch_tokens: int, rng: random.Random) -> l
     if cur:
         out.append(cur)
     rng.shuffle(out)
+    return out
+
+
+# ==== a least-squares start =========================================================================
+#
+# A head that starts by repeating h_t (new_head) has everything to learn, and gradient descent on a
+# CPU budget gets it little of the way (a 30-minute run on Qwen2.5-Coder-1.5B: 12 % first-position
+# acceptance). Two closed-form fits start it as a good predictor instead, each a ridge regression
+# onto the target's next hidden state h_{t+1} (divided by the final norm's scale, which the head's
+# norm multiplies back), the regression target the lm_head turns into the target's distribution:
+#
+#   eh_proj   from the head's inputs [enorm(e_{t+1}), hnorm(h_t)]      (2d features)
+#   down_proj from the MLP's intermediate activations, the layer's     (the target's last layer's
+#             gate/up features of the residual stream, kept as they are  8960 features on the 1.5B)
+#
+# Measured on the 1.5B (73k training positions, 28 held-out prompts), greedy agreement at draft
+# positions 1/2/3: h_t 0.6 %; after eh_proj 26/6/1 %; after down_proj 35/11/4 %, as much as the
+# first 14 minutes of gradient training from eh_proj alone. Fitting o_proj the same way (on the
+# attention's output) added under one point and is left to the gradient steps.
+
+
+class _Normal:
+    """The normal equations of a ridge regression, accumulated batch by batch (float64)."""
+
+    def __init__(self, n_in: int, n_out: int, device):
+        self.xtx = torch.zeros(n_in, n_in, dtype=torch.float64, device=device)
+        self.xty = torch.zeros(n_in, n_out, dtype=torch.float64, device=device)
+        self.y_sq, self.y_sum, self.count = 0.0, torch.zeros(n_out, dtype=torch.float64, device=device), 0
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        x, y = x.float(), y.float()
+        self.xtx.add_(x.T @ x)
+        self.xty.add_(x.T @ y)
+        self.y_sq += float(y.double().pow(2).sum())
+        self.y_sum.add_(y.double().sum(0))
+        self.count += len(y)
+
+    def solve(self, ridge: float) -> tuple[torch.Tensor, float]:
+        """(M [n_in, n_out] minimising ‖XM − Y‖² + λ‖M‖², λ = ridge × mean(diag XᵀX); R² on the data)."""
+        lam = ridge * float(self.xtx.diagonal().mean())
+        eye = torch.eye(self.xtx.shape[0], dtype=self.xtx.dtype, device=self.xtx.device)
+        m = torch.linalg.solve(self.xtx + lam * eye, self.xty)
+        # residual = Σy² − 2 tr(Mᵀ XᵀY) + tr(Mᵀ XᵀX M)
+        resid = self.y_sq - 2 * float((m * self.xty).sum()) + float((m * (self.xtx @ m)).sum())
+        total = self.y_sq - float(self.y_sum.pow(2).sum()) / max(1, self.count)
+        return m, (1 - resid / total if total > 0 else float("nan"))
+
+
+@torch.no_grad()
+def fit_projection(head: MTPHead, seqs: list[Sequence], *, ridge: float = 1e-3, rows: int = 8192) -> float:
+    """Set ``eh_proj`` to the ridge regression of h_{t+1} on the head's inputs (see above); R²."""
+    d = head.parts.hidden_size
+    dev = head.eh_proj.weight.device
+    w = norm_scale(head.norm).float().to(dev)
+    normal = _Normal(2 * d, d, dev)
+    pending: list[tuple[torch.Tensor, ...]] = []
+
+    def flush():
+        if pending:
+            h, tok, pos, nxt = (torch.cat(t).to(dev) for t in zip(*pending))
+            pending.clear()
+            normal.add(head.inputs(h[None], tok[None], pos[None])[0], nxt / w)
+
+    held = 0
+    for s in seqs:
+        n = min(s.positions, len(s.tokens) - 1)
+        if n < 2:
+            continue
+        pending.append((s.hidden[: n - 1].float(), s.tokens[1:n], torch.arange(n - 1), s.hidden[1:n].float()))
+        held += n - 1
+        if held >= rows:
+            flush()
+            held = 0
+    flush()
+    if normal.count == 0:
+        return float("nan")
+    m, r2 = normal.solve(ridge)
+    head.eh_proj.weight.copy_(m.T.to(head.eh_proj.weight.dtype))
+    return r2
+
+
+def residual_output(head: MTPHead, name: str) -> torch.nn.Linear | None:
+    """The layer's ``self_attn.o_proj`` / ``mlp.down_proj`` where it is a plain Linear (None otherwise:
+    a mixture of experts, another naming)."""
+    module = dict(head.layer.named_modules()).get(name)
+    return module if isinstance(module, torch.nn.Linear) else None
+
+
+@torch.no_grad()
+def fit_output(
+    head: MTPHead,
+    module: torch.nn.Linear,
+    seqs: list[Sequence],
+    t2d: torch.Tensor,
+    *,
+    ridge: float = 1e-3,
+    batch_tokens: int = 2048,
+) -> float:
+    """Add to ``module``'s weight (a residual branch's output projection of the head's layer) the
+    ridge regression, on that projection's inputs, of what the layer's output still misses of
+    h_{t+1} (step 1 of the chain, every training position); R²."""
+    dev = module.weight.device
+    w = norm_scale(head.norm).float().to(dev)
+    feats: list[torch.Tensor] = []
+    hook = module.register_forward_pre_hook(lambda m, args: feats.append(args[0]))
+    normal = _Normal(module.in_features, head.parts.hidden_size, dev)
+    try:
+        for group in batches(seqs, batch_tokens=batch_tokens, rng=random.Random(0)):
+            b = collate(group, t2d, batch_tokens).to(dev)
+            feats.clear()
+            z = head.eh_proj(head.inputs(b.hidden, b.next_tokens, b.positions))
+            out = head.layer(
+                z,
+                attention_mask=_attention_mask(head, chain_mask(z.shape[1], 1, device=dev), z.dtype),
+                position_ids=b.positions,
+                position_embeddings=head.parts.rotary(z, b.positions),
+                use_cache=False,
+            )
+            out = out[0] if isinstance(out, tuple) else out
+            keep = b.valid
+            normal.add(feats[-1][keep], b.next_hidden[keep] / w - out[keep].float())
+    finally:
+        hook.remove()
+    if normal.count == 0:
+        return float("nan")
+    m, r2 = normal.solve(ridge)
+    module.weight.add_(m.T.to(module.weight.dtype))
+    return r2
+
+
+def _attention_mask(head: MTPHead, mask: torch.Tensor, dtype) -> torch.Tensor:
+    """A bool mask as the layer's attention implementation wants it (MTPHead.forward's rule)."""
+    if getattr(head.parts.config, "_attn_implementation", None) == "sdpa":
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def least_squares_start(head: MTPHead, seqs: list[Sequence], t2d: torch.Tensor, *, say=None) -> dict[str, float]:
+    """Both fits in order (eh_proj, then the MLP's down_proj); the R² of each."""
+    out = {"eh_proj": fit_projection(head, seqs)}
+    mlp = residual_output(head, "mlp.down_proj")
+    if mlp is not None:
+        out["mlp.down_proj"] = fit_output(head, mlp, seqs, t2d)
+    if say:
+        say("least-squares start: " + ", ".join(f"{k} R² {v:.3f}" for k, v in out.items()))
     return out
 
 

@@ -232,13 +232,18 @@ def generate_data(
     pad_id: int,
     progress,
     deadline: float | None = None,
+    settings: dict | None = None,
 ) -> list[Path]:
     """Generate every batch of ``plan`` not already on disk under ``folder`` (with a ``deadline``
     on ``time.perf_counter()``, no batch that would end after it starts, two batches at least);
-    returns the shard paths."""
+    returns the shard paths. Shards written under other ``settings`` (tokens per prompt, top-k, the
+    target's dtype) are not reused: they are generated again."""
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"shards": {}}
+    settings = settings or {}
+    if manifest.get("settings", {}) != settings:
+        manifest = {"settings": settings, "shards": {}}
     paths: list[Path] = []
     spent: list[float] = []
     for n, batch in enumerate(plan.batches):

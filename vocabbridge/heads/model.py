@@ -135,9 +135,7 @@ class MTPHead(nn.Module):
         mask: torch.Tensor | None = None,  # [1, 1, S, past + S] bool, True = may attend; None = everything cached
     ) -> torch.Tensor:
         """The head's final hidden states [B, S, d], after its norm (what the lm_head reads)."""
-        e = self.parts.embed(tokens).to(hidden.dtype)
-        e = torch.where(positions.unsqueeze(-1) == 0, torch.zeros_like(e), e)  # as vLLM: no embedding at position 0
-        z = self.eh_proj(torch.cat([self.enorm(e), self.hnorm(hidden)], dim=-1))
+        z = self.eh_proj(self.inputs(hidden, tokens, positions))
         rope = self.parts.rotary(z, positions)
         if mask is not None and getattr(self.parts.config, "_attn_implementation", None) != "sdpa":
             mask = torch.zeros(mask.shape, dtype=z.dtype, device=z.device).masked_fill(~mask, torch.finfo(z.dtype).min)
@@ -151,6 +149,12 @@ class MTPHead(nn.Module):
         )
         out = out[0] if isinstance(out, tuple) else out
         return self.norm(out)
+
+    def inputs(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """What eh_proj reads: [enorm(embed(x_{t+1})), hnorm(h_t)], [..., 2d]."""
+        e = self.parts.embed(tokens).to(hidden.dtype)
+        e = torch.where(positions.unsqueeze(-1) == 0, torch.zeros_like(e), e)  # as vLLM: no embedding at position 0
+        return torch.cat([self.enorm(e), self.hnorm(hidden)], dim=-1)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """[..., d] → [..., V_draft] logits (float32)."""

@@ -19,6 +19,7 @@ Everything is resumable: the data per batch, the training from its last checkpoi
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -29,11 +30,12 @@ from pathlib import Path
 
 import torch
 
+from ..engine.invariant import quantize_rows
 from ..engine.model import load_causal_lm, resolve_device
 from ..errors import ConfigError
 from ..presets import resolve_model
 from ..util import atomic_write_text
-from .chain import batches, chain_loss, collate, evaluate
+from .chain import batches, chain_loss, collate, evaluate, least_squares_start
 from .curves import plot_curves
 from .data import DATA_DIR, DataPlan, Sequence, draft_vocabulary, generate_data, load_shard, render_prompts, training_prompts
 from .model import MTPHead, new_head, target_parts
@@ -45,6 +47,7 @@ CKPT = "checkpoint.pt"
 CKPT_EVERY = 25  # optimizer steps between checkpoints (and at every epoch's end)
 TIMING_STEPS = 4  # steps timed before a budgeted run plans its total
 EVAL_RESERVE_S = 60.0  # of a budget, kept for the final evaluation and saving
+INITS = ("least-squares", "identity")
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Recipe:
     prompts: str | None = None  # JSONL prompt file (bench format); None: the built-in training set
     max_prompts: int | None = None  # use the first N prompts
     new_tokens: int = 160  # greedy tokens generated per prompt
-    gen_batch: int = 0  # prompts per generation batch; 0: 12 on a CPU, 64 on a GPU
+    gen_batch: int = 0  # prompts per generation batch; 0: 16 on a CPU, 64 on a GPU
     top_k: int = 20  # soft labels kept per position
     draft_vocab: int = 32768  # draft vocabulary (0: the whole target vocabulary)
     depth: int = 2  # chained draft steps trained
@@ -71,6 +74,7 @@ class Recipe:
     batch_tokens: int = 512  # positions per optimizer step
     lr: float = 2e-4
     warmup: float = 0.05  # share of steps with a linear warm-up, then cosine decay to 10 %
+    init: str = "least-squares"  # the head's start: least-squares (eh_proj and down_proj fit to the data, chain.py) or identity
     step_weight: float = 0.7  # loss weight of chained step d: step_weight ** (d - 1)
     hidden_weight: float = 0.0  # weight of EAGLE's feature loss (the head's output against h_{t+1})
     heldout: float = 0.1  # share of prompts kept out of training for the evaluation
@@ -78,7 +82,8 @@ class Recipe:
     eval_k: int = 3  # draft positions evaluated
     budget_minutes: float = 0.0  # wall-clock budget of the whole run, data included; 0: none
     data_share: float = 0.5  # of a budget, for data generation
-    dtype: str = "auto"  # data generation and autocast: auto = bfloat16; float32 for exactness
+    data_dtype: str = "auto"  # the target generating the data: auto = int8 on a CPU (the engine's --dtype int8), bf16 on CUDA
+    dtype: str = "auto"  # training autocast: auto = bf16 on CUDA and on CPUs with native bf16, else float32
     device: str = "auto"
 
     def __post_init__(self):
@@ -86,6 +91,8 @@ class Recipe:
             raise ConfigError("depth, epochs, new_tokens, top_k and eval_k must be at least 1.")
         if not 0 <= self.heldout < 1 or not 0 < self.data_share < 1:
             raise ConfigError(f"heldout must be in [0, 1) and data_share in (0, 1); got {self.heldout}, {self.data_share}.")
+        if self.init not in INITS:
+            raise ConfigError(f"init must be one of {', '.join(INITS)}; got {self.init!r}.")
         if self.budget_minutes < 0:
             raise ConfigError(f"budget_minutes must be ≥ 0 (0: no budget), got {self.budget_minutes}.")
 
@@ -103,6 +110,36 @@ class TrainResult:
     timings: dict[str, float]
     tokens: dict[str, int]
     history: list[dict] = field(default_factory=list)
+
+
+def native_bf16(device: str) -> bool:
+    """True where bf16 matmuls run at full speed: CUDA, and CPUs with AVX512-BF16 or AMX. Elsewhere
+    (AVX2 CPUs) oneDNN emulates bf16 and is several times slower than fp32 (measured on an AMD EPYC
+    without AVX-512: a batched 1.5B prefill did not finish in 10 minutes in bf16, 48 tok/s in fp32)."""
+    if device.startswith("cuda"):
+        return True
+    cpu = getattr(torch, "cpu", None)
+    return any(bool(getattr(cpu, f, lambda: False)()) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def training_dtype(recipe: Recipe, device: str) -> torch.dtype:
+    if recipe.dtype in ("float32", "fp32"):
+        return torch.float32
+    if recipe.dtype in ("bfloat16", "bf16"):
+        return torch.bfloat16
+    return torch.bfloat16 if native_bf16(device) else torch.float32
+
+
+def data_dtype(recipe: Recipe, device: str) -> str:
+    """``int8`` (per-row int8 linears: what ``--dtype int8`` serves, 2-3× faster than fp32 on a CPU,
+    each row independent of the batch), ``float32`` or ``bfloat16``."""
+    if recipe.data_dtype in ("float32", "fp32"):
+        return "float32"
+    if recipe.data_dtype in ("bfloat16", "bf16"):
+        return "bfloat16"
+    if recipe.data_dtype == "int8":
+        return "int8"
+    return "bfloat16" if device.startswith("cuda") else "int8"
 
 
 def _autocast(device: str, dtype: torch.dtype):
@@ -139,23 +176,32 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
     device = resolve_device(recipe.device)
-    dtype = torch.float32 if recipe.dtype in ("float32", "fp32") else torch.bfloat16
+    dtype = training_dtype(recipe, device)
     autocast = _autocast(device, dtype)
+    gen_dtype = data_dtype(recipe, device)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     budget = recipe.budget_minutes * 60 or None
 
     # load
-    lm = load_causal_lm(resolve_model(target), dtype=dtype, device=device, pack=False)
+    if gen_dtype == "int8" and device != "cpu":
+        raise ConfigError("data_dtype int8 runs on the CPU only; use bfloat16 on CUDA.")
+    lm = load_causal_lm(resolve_model(target), dtype="float32" if gen_dtype == "int8" else gen_dtype, device=device, pack=False)
     lm.model.requires_grad_(False)
     parts = target_parts(lm.model)
+    if gen_dtype == "int8":  # the head starts from the fp32 last layer and lm_head: keep them out of the quantization
+        parts = dataclasses.replace(parts, last_layer=copy.deepcopy(parts.last_layer))
+        quantize_rows(lm.model)  # replaces the lm_head module (parts keeps the fp32 one) and the layers' linears in place
     timings["load"] = time.perf_counter() - t0
-    say(f"loaded {lm.name} in {timings['load']:.0f} s ({str(dtype).replace('torch.', '')} on {device})")
+    say(
+        f"loaded {lm.name} in {timings['load']:.0f} s on {device}: data in {gen_dtype}, "
+        f"training in {str(dtype).replace('torch.', '')}"
+    )
 
     # data
     t1 = time.perf_counter()
     rendered = render_prompts(lm.view, training_prompts(recipe.prompts)[: recipe.max_prompts])
-    plan = DataPlan.make(rendered, batch_size=recipe.gen_batch or (64 if device.startswith("cuda") else 12), seed=recipe.seed)
+    plan = DataPlan.make(rendered, batch_size=recipe.gen_batch or (64 if device.startswith("cuda") else 16), seed=recipe.seed)
     roles = lm.view.roles
     stops = {roles[r] for r in ("eos", "end_of_turn") if r in roles}
     with Progress(len(rendered), "data (prompts)", quiet=quiet) as bar:
@@ -169,6 +215,7 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
             pad_id=roles.get("pad", next(iter(stops), 0)),
             progress=bar,
             deadline=t0 + budget * recipe.data_share if budget else None,
+            settings={"new_tokens": recipe.new_tokens, "top_k": recipe.top_k, "data_dtype": gen_dtype},
         )
     seqs = [s for path in shards for s in load_shard(path)]
     timings["data"] = time.perf_counter() - t1
@@ -194,6 +241,11 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
     head = new_head(parts, draft_ids=draft_ids).to(device)
     t2d = torch.full((vocab,), -1, dtype=torch.long)
     t2d[draft_ids if draft_ids is not None else torch.arange(vocab)] = torch.arange(head.draft_vocab_size)
+    fits: dict[str, float] = {}
+    if recipe.init == "least-squares" and not _Training.has_checkpoint(work, restart):
+        t_fit = time.perf_counter()
+        fits = least_squares_start(head, train_seqs, t2d, say=say)
+        timings["fit"] = time.perf_counter() - t_fit
 
     # train
     t2 = time.perf_counter()
@@ -217,6 +269,7 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
         "steps_this_run": run.step - run.resumed_at,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "tokens": tokens,
+        "least_squares_r2": fits,
         "heldout_eval": ev,
         "device": device,
         "torch": torch.__version__,
@@ -250,6 +303,11 @@ class _Training:
         self.history: list[dict] = []
         self.ckpt = work / CKPT
 
+    @staticmethod
+    def has_checkpoint(work: Path, restart: bool) -> bool:
+        """A checkpoint will be resumed (so the head's start need not be computed)."""
+        return (work / CKPT).is_file() and not restart
+
     def resume(self, restart: bool) -> None:
         if not self.ckpt.is_file() or restart:
             return
@@ -270,6 +328,8 @@ class _Training:
         r, head = self.recipe, self.head
         if self.step:
             bar.update(self.step)
+        if self.step == 0 and self.held:  # where training starts from, on the curves
+            self._evaluate(0, 0.0)
         head.train()
         t_start, n = time.perf_counter(), 0
         for epoch, group in enumerate(self.epochs):
@@ -328,16 +388,21 @@ class _Training:
             self.say(f"budget: {fit} of {self.planned} steps fit ({per_step:.2f} s per step)")
             self.planned = fit
 
-    def _end_of_epoch(self, epoch: int) -> None:
+    def _evaluate(self, step: int, epoch: float) -> dict:
         r, head = self.recipe, self.head
         head.eval()
         ev = evaluate(
             head, self.held, self.t2d, k=r.eval_k, batch_tokens=r.batch_tokens, device=self.device, autocast=self.autocast
         )
         head.train()
-        self.history.append({"step": self.step, "epoch": epoch, "eval": ev})
+        self.history.append({"step": step, "epoch": epoch, "eval": ev})
         accs = ", ".join(f"{a:.2f}" for a in ev["acceptance_per_position"])
-        self.say(f"epoch {epoch}: held-out acceptance per position {accs}; mean length {ev['mean_acceptance_length']:.2f}")
+        when = f"epoch {epoch:g}" if step else "before training"
+        self.say(f"{when}: held-out acceptance per position {accs}; mean length {ev['mean_acceptance_length']:.2f}")
+        return ev
+
+    def _end_of_epoch(self, epoch: int) -> None:
+        self._evaluate(self.step, epoch)
         self._checkpoint()
         plot_curves(self.history, self.work)
 
