@@ -114,6 +114,29 @@ def test_training_data_are_the_targets_own_greedy_continuations(trained):
     assert torch.allclose(s.hidden.float(), hidden, atol=2e-2, rtol=1e-2)  # fp16 copies of the final hidden states
 
 
+def test_rows_that_finish_leave_the_batch_and_the_others_continue_as_alone(trained):
+    """generate_batch drops a finished row from the batch and its KV cache: the rows left decode
+    exactly what each decodes alone, and the finished one keeps its features up to its stop."""
+    from vocabbridge.heads.data import generate_batch
+
+    target = load_causal_lm(str(trained["target"]), dtype="float32", pack=False)
+    prompts = [[5, 17, 30, 41], [7, 8, 9], [100, 3, 60, 61, 62]]
+    alone = [generate_batch(target.model, [p], max_new_tokens=12, stop_ids=set(), top_k=5)[0] for p in prompts]
+    others = {int(t) for s in (alone[0], alone[2]) for t in s.tokens[s.gen_start :]}
+    cont = alone[1].tokens[alone[1].gen_start :].tolist()
+    end = next((j for j, t in enumerate(cont[:-1]) if t not in others), None)  # row 1 stops there, early
+    assert end is not None, "the tiny target's rows share every token: pick other prompts"
+    stop_ids = {cont[end]}
+    got = generate_batch(target.model, prompts, max_new_tokens=12, stop_ids=stop_ids, top_k=5)
+    for i in (0, 2):
+        assert torch.equal(got[i].tokens, alone[i].tokens)
+        assert torch.allclose(got[i].hidden.float(), alone[i].hidden.float(), atol=1e-2)
+        assert got[i].positions == len(got[i].tokens) - 1
+    cut = alone[1].tokens[: len(prompts[1]) + end + 1]
+    assert torch.equal(got[1].tokens, cut) and got[1].positions == len(cut) - 1
+    assert torch.equal(got[1].topk_ids, alone[1].topk_ids[: len(cut) - 1])
+
+
 def test_int8_data_are_the_int8_targets_own_continuations_and_other_settings_regenerate_them(trained, tmp_path):
     """data_dtype int8 (the CPU default): the continuations --dtype int8 serves; a change of the data
     settings does not reuse the shards on disk."""

@@ -110,7 +110,9 @@ def _topk(model, hidden: torch.Tensor, k: int, chunk: int = 256) -> tuple[torch.
 def generate_batch(
     model, prompts: list[list[int]], *, max_new_tokens: int, stop_ids: set[int], top_k: int, pad_id: int = 0
 ) -> list[Sequence]:
-    """Greedy continuations of ``prompts`` (left-padded into one batch) with their features."""
+    """Greedy continuations of ``prompts`` (left-padded into one batch) with their features. A row
+    that has finished (a stop token or ``max_new_tokens``) leaves the batch and the KV cache, so the
+    long answers do not make the short ones pay for their steps."""
     dev = model.get_input_embeddings().weight.device
     base = decoder_of(model)
     b, t = len(prompts), max(len(p) for p in prompts)
@@ -136,22 +138,28 @@ def generate_batch(
         nxt.append(int(best[-1]))
     out_tokens = [[x] for x in nxt]
     done = [x in stop_ids or max_new_tokens == 1 for x in nxt]
+    live = list(range(b))  # rows still decoding, in the batch's order (finished rows leave the batch and its cache)
     last_pos = pos[:, -1]
     for _ in range(max_new_tokens - 1):
-        if all(done):
+        keep = [j for j, i in enumerate(live) if not done[i]]
+        if not keep:
             break
-        step = torch.tensor(nxt, device=dev)[:, None]  # [b, 1]
-        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+        if len(keep) < len(live):
+            idx = torch.tensor(keep, device=dev)
+            cache.batch_select_indices(idx)
+            mask, last_pos = mask[idx], last_pos[idx]
+            live = [live[j] for j in keep]
+        step = torch.tensor([nxt[i] for i in live], device=dev)[:, None]  # [live, 1]
+        mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
         last_pos = last_pos + 1
         h = base(input_ids=step, attention_mask=mask, position_ids=last_pos[:, None], use_cache=True, **kw).last_hidden_state
         best, ti, tp = _topk(model, h[:, -1], top_k)
-        for i in range(b):
-            if done[i]:
-                continue
-            hid[i].append(h[i, -1:].half().cpu())
-            tk_ids[i].append(ti[i : i + 1].cpu())
-            tk_p[i].append(tp[i : i + 1].cpu())
-            nxt[i] = int(best[i])
+        h, ti, tp = h[:, -1:].half().cpu(), ti.cpu(), tp.cpu()
+        for j, i in enumerate(live):
+            hid[i].append(h[j])
+            tk_ids[i].append(ti[j : j + 1])
+            tk_p[i].append(tp[j : j + 1])
+            nxt[i] = int(best[j])
             out_tokens[i].append(nxt[i])
             done[i] = nxt[i] in stop_ids or len(out_tokens[i]) >= max_new_tokens
     return [

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import random
@@ -46,7 +47,8 @@ TRAIN_DIR = "train"
 CKPT = "checkpoint.pt"
 CKPT_EVERY = 25  # optimizer steps between checkpoints (and at every epoch's end)
 TIMING_STEPS = 4  # steps timed before a budgeted run plans its total
-EVAL_RESERVE_S = 60.0  # of a budget, kept for the final evaluation and saving
+SAVE_RESERVE_S = 20.0  # of a budget, kept for saving the head and plotting
+FINAL_EVAL_COST = 2.5  # the final evaluation (draft and whole vocabulary) against one evaluation on the curves (measured: ~2.3×)
 INITS = ("least-squares", "identity")
 
 
@@ -249,7 +251,7 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
 
     # train
     t2 = time.perf_counter()
-    deadline = t0 + budget - EVAL_RESERVE_S if budget else None
+    deadline = t0 + budget - SAVE_RESERVE_S if budget else None
     run = _Training(head, train_seqs, held, t2d, recipe, work, device=device, autocast=autocast, say=say)
     run.resume(restart)
     with Progress(run.planned, "train (steps)", quiet=quiet) as bar:
@@ -300,6 +302,7 @@ class _Training:
         ]
         self.planned = sum(len(b) for b in self.epochs)
         self.step = self.resumed_at = 0
+        self.eval_s = 0.0  # how long one evaluation on the curves took (a budget plans for them)
         self.history: list[dict] = []
         self.ckpt = work / CKPT
 
@@ -383,18 +386,29 @@ class _Training:
         return ev
 
     def _plan(self, deadline: float, per_step: float) -> None:
-        fit = self.step + int(max(0.0, deadline - time.perf_counter()) / per_step)
+        """As many steps as fit before ``deadline``, leaving time for the evaluation at each epoch's
+        end the plan reaches and for the final one."""
+        left = deadline - time.perf_counter() - FINAL_EVAL_COST * self.eval_s
+        ends = list(itertools.accumulate(len(g) for g in self.epochs))
+        fit = self.step
+        while fit < self.planned:
+            evals = sum(1 for e in ends if self.step < e <= fit + 1)
+            if (fit + 1 - self.step) * per_step + evals * self.eval_s > left:
+                break
+            fit += 1
         if fit < self.planned:
             self.say(f"budget: {fit} of {self.planned} steps fit ({per_step:.2f} s per step)")
             self.planned = fit
 
     def _evaluate(self, step: int, epoch: float) -> dict:
         r, head = self.recipe, self.head
+        t = time.perf_counter()
         head.eval()
         ev = evaluate(
             head, self.held, self.t2d, k=r.eval_k, batch_tokens=r.batch_tokens, device=self.device, autocast=self.autocast
         )
         head.train()
+        self.eval_s = time.perf_counter() - t
         self.history.append({"step": step, "epoch": epoch, "eval": ev})
         accs = ", ".join(f"{a:.2f}" for a in ev["acceptance_per_position"])
         when = f"epoch {epoch:g}" if step else "before training"
