@@ -24,6 +24,7 @@ used, so this module never imports torch) and what vLLM runs for it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -606,6 +607,24 @@ def vllm_speculative_config(
     return method.vllm(spec, model_for, notes)
 
 
+def _stamp(path: str) -> tuple:
+    """What identifies a local tokenizer's version: each file's size and modification time."""
+    p = Path(path).expanduser()
+    files = [p] if p.is_file() else sorted(x for x in p.iterdir() if x.is_file())
+    return tuple((x.name, x.stat().st_size, x.stat().st_mtime_ns) for x in files)
+
+
+@functools.lru_cache(maxsize=32)
+def _compare_local(d: str, t: str, _d_stamp: tuple, _t_stamp: tuple) -> tuple[bool | None, str]:
+    """Two local tokenizers compared token by token, remembered while their files are unchanged
+    (loading a GGUF's vocabulary takes seconds; bench and the vLLM command builder ask again and again)."""
+    try:
+        dv, tv = load_tokenizer(d), load_tokenizer(t)
+    except VocabBridgeError as e:
+        return None, f"could not load the tokenizers to compare them ({e})"
+    return same_vocabulary(dv, tv), "tokenizers compared token by token"
+
+
 def vocabularies_match(drafter: str, target: str, *, resolve: Callable[[str], str]) -> tuple[bool | None, str]:
     """Whether two models (by name) share a vocabulary, and how that was decided: local
     tokenizers compared token by token; else the presets' vocabulary families; else the
@@ -620,7 +639,7 @@ def vocabularies_match(drafter: str, target: str, *, resolve: Callable[[str], st
 
     local = [resolve(n) for n in (drafter, target)]
     if all(Path(p).expanduser().exists() for p in local):
-        return compare(*local)
+        return _compare_local(*local, *(_stamp(p) for p in local))
     fd, ft = vocab_family(drafter), vocab_family(target)
     if fd and ft:
         return fd == ft, f"presets: {fd} vs {ft} vocabulary"
