@@ -13,6 +13,15 @@ from vocabbridge.testing import make_extended, train_base, train_sentencepiece
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+FIRST = ("test_vllm_real.py",)  # the longest file (a vLLM start per test): started first, so it is not the tail
+
+
+def pytest_collection_modifyitems(config, items):
+    """The real-vLLM tests first: under ``-n 2 --dist loadfile`` one worker takes them at once while
+    the other runs everything else."""
+    items.sort(key=lambda item: item.path.name not in FIRST)  # stable: the rest keep their order
+
+
 SHARED = Path(os.environ.get("VOCABBRIDGE_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 SHARED_TOKENIZERS = SHARED / "tokenizers"
 

@@ -66,7 +66,9 @@ def converted_folder(gguf: str | Path, *, say=None) -> Path:
         tokenizer.save_pretrained(str(tmp))
         GenerationConfig.from_model_config(model.config).save_pretrained(str(tmp))
         del model
-        if dest.exists():  # another process finished first, or an older, incomplete layout
+        if is_converted(dest):  # another process finished first (and may be reading it): keep its folder
+            return dest
+        if dest.exists():  # an older, incomplete layout
             shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     except (OSError, ValueError, RuntimeError) as e:
