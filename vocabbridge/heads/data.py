@@ -261,8 +261,8 @@ def generate_data(
             paths.append(folder / name)
             progress.update(len(batch), batch=f"{n + 1} (on disk)")
             continue
-        if deadline is not None and len(paths) >= 2 and spent and time.perf_counter() + max(spent) > deadline:
-            break
+        if deadline is not None and len(paths) >= 2 and time.perf_counter() + max(spent, default=0.0) > deadline:
+            break  # the next batch would end after the deadline (or the deadline has passed already)
         t = time.perf_counter()
         seqs = generate_batch(
             model, [ids for _, ids in batch], max_new_tokens=max_new_tokens, stop_ids=stop_ids, top_k=top_k, pad_id=pad_id
