@@ -2,7 +2,7 @@
 model, same engine, same run, on the bench suite's prompts (which the head never saw).
 
     VOCABBRIDGE_MODELS=/path/to/models python benchmarks/bench_mtp.py \\
-        [--head heads/qwen2.5-coder-1.5b] [--train] [--max-new-tokens 128] [-k 3] [--json out.json]
+        [--head heads/qwen2.5-coder-1.5b] [--train] [--dtype int8] [--max-new-tokens 128] [-k 3] [--json out.json]
 
 Target Qwen2.5-Coder-1.5B-Instruct (``--target``) on the CPU, greedy, the prompts of
 ``vocabbridge/data/prompts/suite.jsonl`` (``--categories``; the 10k-token summary left out by
@@ -31,6 +31,7 @@ from vocabbridge.bench.prompts import load_prompts, select_prompts
 from vocabbridge.chat import chat_prompt_ids
 from vocabbridge.engine import DraftModelDrafter, SamplingParams, SpecEngine
 from vocabbridge.engine.drafters.mtp import MTPDrafter
+from vocabbridge.engine.invariant import INVARIANT_ROWS
 from vocabbridge.engine.model import load_causal_lm
 from vocabbridge.engine.stats import SpecStats
 from vocabbridge.heads.train import Recipe, train_head
@@ -83,6 +84,11 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--head-dtype", default="auto", help="auto (int8 on the CPU), float32, bfloat16")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="the target's dtype: auto (float32), int8 (per-row int8, batch-invariant: what train-head's CPU data come from)",
+    )
     ap.add_argument("--prompts", help="JSONL prompt file (default: the bench suite)")
     ap.add_argument(
         "--categories",
@@ -102,7 +108,7 @@ def main() -> int:
         print(f"trained {head_dir} in {time.perf_counter() - t0:.0f} s: held-out {result.eval}", flush=True)
 
     src = resolve_model(args.target)
-    target = load_causal_lm(src)
+    target = load_causal_lm(src, dtype=args.dtype, rows=INVARIANT_ROWS if args.dtype == "int8" else None)
     mtp = MTPDrafter.from_spec(
         EngineSpec(target=args.target, drafter=f"mtp:{head_dir}", drafter_dtype=args.head_dtype), target, None
     )
