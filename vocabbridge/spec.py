@@ -618,6 +618,10 @@ def _stamp(path: str) -> tuple:
 def _compare_local(d: str, t: str, _d_stamp: tuple, _t_stamp: tuple) -> tuple[bool | None, str]:
     """Two local tokenizers compared token by token, remembered while their files are unchanged
     (loading a GGUF's vocabulary takes seconds; bench and the vLLM command builder ask again and again)."""
+    return _compare(d, t)
+
+
+def _compare(d: str, t: str) -> tuple[bool | None, str]:
     try:
         dv, tv = load_tokenizer(d), load_tokenizer(t)
     except VocabBridgeError as e:
@@ -630,17 +634,10 @@ def vocabularies_match(drafter: str, target: str, *, resolve: Callable[[str], st
     tokenizers compared token by token; else the presets' vocabulary families; else the
     tokenizers loaded from wherever they live (None when that fails)."""
 
-    def compare(d: str, t: str) -> tuple[bool | None, str]:
-        try:
-            dv, tv = load_tokenizer(d), load_tokenizer(t)
-        except VocabBridgeError as e:
-            return None, f"could not load the tokenizers to compare them ({e})"
-        return same_vocabulary(dv, tv), "tokenizers compared token by token"
-
     local = [resolve(n) for n in (drafter, target)]
     if all(Path(p).expanduser().exists() for p in local):
         return _compare_local(*local, *(_stamp(p) for p in local))
     fd, ft = vocab_family(drafter), vocab_family(target)
     if fd and ft:
         return fd == ft, f"presets: {fd} vs {ft} vocabulary"
-    return compare(vllm_model(drafter), vllm_model(target))
+    return _compare(vllm_model(drafter), vllm_model(target))
