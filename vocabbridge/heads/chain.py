@@ -197,15 +197,7 @@ def fit_output(
         for group in batches(seqs, batch_tokens=batch_tokens, rng=random.Random(0)):
             b = collate(group, t2d, batch_tokens).to(dev)
             feats.clear()
-            z = head.eh_proj(head.inputs(b.hidden, b.next_tokens, b.positions))
-            out = head.layer(
-                z,
-                attention_mask=_attention_mask(head, chain_mask(z.shape[1], 1, device=dev), z.dtype),
-                position_ids=b.positions,
-                position_embeddings=head.parts.rotary(z, b.positions),
-                use_cache=False,
-            )
-            out = out[0] if isinstance(out, tuple) else out
+            out = head.layer_output(b.hidden, b.next_tokens, b.positions, mask=chain_mask(b.hidden.shape[1], 1, device=dev))
             keep = b.valid
             normal.add(feats[-1][keep], b.next_hidden[keep] / w - out[keep].float())
             if normal.count >= max_positions:
@@ -217,13 +209,6 @@ def fit_output(
     m, r2 = normal.solve(ridge)
     module.weight.add_(m.T.to(module.weight.dtype))
     return r2
-
-
-def _attention_mask(head: MTPHead, mask: torch.Tensor, dtype) -> torch.Tensor:
-    """A bool mask as the layer's attention implementation wants it (MTPHead.forward's rule)."""
-    if getattr(head.parts.config, "_attn_implementation", None) == "sdpa":
-        return mask
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def least_squares_start(head: MTPHead, seqs: list[Sequence], t2d: torch.Tensor, *, say=None) -> dict[str, float]:

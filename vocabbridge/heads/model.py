@@ -135,6 +135,12 @@ class MTPHead(nn.Module):
         mask: torch.Tensor | None = None,  # [1, 1, S, past + S] bool, True = may attend; None = everything cached
     ) -> torch.Tensor:
         """The head's final hidden states [B, S, d], after its norm (what the lm_head reads)."""
+        return self.norm(self.layer_output(hidden, tokens, positions, cache=cache, mask=mask))
+
+    def layer_output(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, *, cache=None, mask=None
+    ) -> torch.Tensor:
+        """The decoder layer's output [B, S, d], before the final norm (forward's arguments)."""
         z = self.eh_proj(self.inputs(hidden, tokens, positions))
         rope = self.parts.rotary(z, positions)
         if mask is not None and getattr(self.parts.config, "_attn_implementation", None) != "sdpa":
@@ -147,8 +153,7 @@ class MTPHead(nn.Module):
             use_cache=cache is not None,
             **{self._cache_kw: cache},
         )
-        out = out[0] if isinstance(out, tuple) else out
-        return self.norm(out)
+        return out[0] if isinstance(out, tuple) else out
 
     def inputs(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """What eh_proj reads: [enorm(embed(x_{t+1})), hnorm(h_t)], [..., 2d]."""
