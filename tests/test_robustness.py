@@ -182,3 +182,40 @@ def test_sigterm_when_idle_exits_0_and_a_second_signal_exits_at_once(tiny):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_ctrl_c_reaches_an_idle_engine_loop_whatever_thread_the_signal_lands_on(tiny):
+    """`vocabbridge serve` runs the engine loop on the main thread, where Python runs signal handlers.
+    A SIGINT the kernel hands to another thread (the HTTP one, a torch worker) only sets a flag: the
+    main thread must wake up on its own to run the handler. An untimed idle wait slept through it
+    (CI: no exit 30 s after Ctrl-C)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run on the main thread only; this test runs elsewhere")
+    built = tiny_built(tiny, "ngram")
+    metrics = ServerMetrics("tiny", speculative=True, num_spec_tokens=3, max_model_len=512)
+    worker = EngineWorker(built.engine, metrics, thread=False)
+    sent, handled = [], []
+
+    def on_sigint(signum, frame):
+        handled.append(time.monotonic())
+        threading.Thread(target=worker.stop).start()  # as serve's handler does
+
+    def send_from_another_thread():
+        time.sleep(0.3)  # the loop is idle by now
+        sent.append(time.monotonic())
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # delivered to this thread, not the main one
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    fallback = threading.Timer(20, worker.stop)  # a failing run ends too
+    try:
+        worker.start()
+        fallback.start()
+        threading.Thread(target=send_from_another_thread).start()
+        worker.run()
+    finally:
+        fallback.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert sent and handled, "the handler never ran"
+    assert handled[0] - sent[0] < 2.0, f"the idle loop noticed Ctrl-C after {handled[0] - sent[0]:.1f} s"

@@ -77,6 +77,9 @@ class GenRequest:
             pass
 
 
+IDLE_WAKEUP_S = 0.2  # how long Ctrl-C can wait for an idle engine loop to notice it
+
+
 class EngineWorker:
     """The engine loop, in a thread of its own (``thread=True``, started with the app) or on a
     thread the caller gives it with :meth:`run`: ``vocabbridge serve`` runs it on the main thread,
@@ -170,7 +173,10 @@ class EngineWorker:
         while True:
             with self._cv:
                 while not self._stopping and not self._waiting and not self._active:
-                    self._cv.wait()
+                    # A timed wait: a signal (Ctrl-C) may land on any thread of the process, and
+                    # Python runs its handler on the main thread only once that thread wakes up;
+                    # an untimed wait there slept through SIGINT for 30 s and more in CI.
+                    self._cv.wait(IDLE_WAKEUP_S)
                 if self._stopping:
                     break
                 while self._waiting and len(self._active) < self.max_num_seqs:
