@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import torch
 
@@ -54,11 +53,9 @@ def row_plan(n: int, keep: int, *, most: int, least: int, chunk: int) -> list[tu
 
 def _quantize_dynamic(module: torch.nn.Module) -> torch.nn.Module:
     """fbgemm's dynamic int8 linear, weights quantized per output channel."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated", category=UserWarning)
-        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+    from .model import quantize_int8  # model imports this module
+
+    return quantize_int8(module, per_channel=True)
 
 
 class RowInt8Linear(torch.nn.Module):
