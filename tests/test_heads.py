@@ -252,6 +252,30 @@ def test_mtp_drafter_with_int8_and_prefill_chunks_stays_lossless(trained, engine
     assert got.tokens == want.tokens
 
 
+def test_ngram_first_with_the_mtp_head_stays_lossless_and_uses_both(trained, engine_target):
+    """--ngram-first with mtp: prompt lookup proposes where the context repeats, the head elsewhere;
+    the head's session keeps receiving the target's hidden states through the n-gram steps."""
+    built = build_engine(
+        EngineSpec(target=engine_target.source, drafter=f"mtp:{trained['head']}", drafter_dtype="float32", ngram_first=True),
+        loaded={engine_target.source: engine_target},
+    )
+    assert built.mode == "ngram+mtp"
+    drafter, sessions = built.engine.drafter, []
+    make = drafter.session
+    drafter.session = lambda prompt: sessions.append(make(prompt)) or sessions[-1]
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    drafts = 0
+    for p in [PROMPTS[0] * 3, PROMPTS[1], PROMPTS[2] * 2]:
+        ids = engine_target.view.encode(p)
+        want = SpecEngine(engine_target).generate(ids, params)
+        got = built.engine.generate(ids, params)
+        assert got.tokens == want.tokens, p
+        drafts += got.stats.drafts
+    by_ngram = sum(s.ngram_drafts for s in sessions)
+    assert by_ngram > 0 and drafts > by_ngram  # both proposed
+    assert sum(s.model.forwards for s in sessions) > 0
+
+
 class _Recording(MTPDrafter):
     def __init__(self, inner: MTPDrafter):
         self.__dict__.update(inner.__dict__)

@@ -214,7 +214,7 @@ class EngineSpec:
     ngram_first: bool = _opt(
         False,
         "--ngram-first",
-        "Model drafters: propose a prompt-lookup match when there is one, the model otherwise.",
+        "Model drafters and mtp: propose a prompt-lookup match when there is one, the model (or head) otherwise.",
         kind="bool",
         off_flag="--no-ngram-first",
         vllm=BY_PROPOSERS,

@@ -56,13 +56,16 @@ class DrafterChoice:
 
 
 def parse_drafters(text: str) -> list[DrafterChoice]:
-    """``none,ngram,mtp[:HEAD],MODEL[:MODE],...``; MODE is one of auto, draft, bridged, text, optionally
-    prefixed ``ngram+`` (prompt lookup first, the model when it finds nothing).
+    """``none,ngram,mtp[:HEAD],ngram+mtp[:HEAD],MODEL[:MODE],...``; MODE is one of auto, draft, bridged,
+    text, optionally prefixed ``ngram+`` (prompt lookup first, the model when it finds nothing);
+    ``ngram+mtp`` is the same with an MTP head.
 
     >>> [(d.drafter, d.mode, d.ngram_first) for d in parse_drafters("none,smollm2-135m:ngram+text")]
     [('none', 'auto', False), ('smollm2-135m', 'text', True)]
     >>> [(d.name, d.drafter) for d in parse_drafters("mtp,mtp:heads/q15")]  # mtp:PATH: a trained head
     [('mtp', 'mtp'), ('mtp:q15', 'mtp:heads/q15')]
+    >>> [(d.name, d.drafter, d.ngram_first) for d in parse_drafters("ngram+mtp:heads/q15")]
+    [('ngram+mtp:q15', 'mtp:heads/q15', True)]
     """
     out: list[DrafterChoice] = []
     for item in (s.strip() for s in text.split(",")):
@@ -70,6 +73,9 @@ def parse_drafters(text: str) -> list[DrafterChoice]:
             raise BenchError(
                 f"--drafters {text!r} has an empty item; write e.g. none,ngram,qwen2.5-coder-0.5b,smollm2-135m:text."
             )
+        if item == "ngram+mtp" or item.startswith("ngram+mtp:"):
+            out.append(DrafterChoice(item, item[len("ngram+") :], "auto", True))
+            continue
         head, colon, tail = item.rpartition(":")
         hybrid = tail.startswith("ngram+") and tail[len("ngram+") :] in MODES
         mode_part = tail[len("ngram+") :] if hybrid else tail
@@ -83,8 +89,14 @@ def parse_drafters(text: str) -> list[DrafterChoice]:
     if dup:
         raise BenchError(f"--drafters lists {', '.join(dup)} more than once.")
     # Paths are named by their last part ("/models/draft.gguf:text" → "draft.gguf:text") unless that is ambiguous.
-    short = [_short(d.drafter) + d.name[len(d.drafter) :] if os.sep in d.drafter else d.name for d in out]
+    short = [_display(d) if os.sep in d.drafter else d.name for d in out]
     return [dataclasses.replace(d, name=s) for d, s in zip(out, short)] if len(set(short)) == len(short) else out
+
+
+def _display(d: DrafterChoice) -> str:
+    """A path drafter's configuration name: the path by its last part, the rest as typed."""
+    prefix, _, rest = d.name.partition(d.drafter)
+    return prefix + _short(d.drafter) + rest
 
 
 def _short(drafter: str) -> str:

@@ -119,7 +119,7 @@ def _command_line() -> str | None:
 @click.option(
     "--drafters",
     metavar="LIST",
-    help="Configurations to start in turn: none,ngram,mtp[:HEAD_FOLDER],MODEL[:[ngram+]draft|bridged|text],...",
+    help="Configurations to start in turn: none,ngram,[ngram+]mtp[:HEAD_FOLDER],MODEL[:[ngram+]draft|bridged|text],...",
 )
 @click.option(
     "--backend",

@@ -65,7 +65,7 @@ def make_drafter(spec: EngineSpec, target: CausalLM, drafter_lm: CausalLM | None
         notes.append(f"mode auto → {method.name} ({'same' if same else 'different'} vocabulary)")
     drafter = method.engine_class().from_spec(spec, target, drafter_lm)
     mode = method.name
-    if spec.ngram_first and drafter_lm is not None:
+    if spec.ngram_first and (drafter_lm is not None or method.name == "mtp"):
         lookup_min = max(2, spec.prompt_lookup_min)
         drafter = NgramFirstDrafter(
             drafter, prompt_lookup_min=lookup_min, prompt_lookup_max=max(lookup_min, spec.prompt_lookup_max)

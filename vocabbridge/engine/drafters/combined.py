@@ -1,9 +1,10 @@
 """Prompt lookup first, then a model: the n-gram drafter proposes when the context repeats
-itself (free: no forward), the model drafter proposes otherwise.
+itself (free: no forward), the model drafter (a draft model or an MTP head) proposes otherwise.
 
 Copy-heavy requests (code review, summaries, edits) get n-gram drafting at no drafter cost; the
 rest gets the model. The model's KV cache is simply behind after n-gram steps and catches up in
-one forward on its next turn (sessions sync to the committed context).
+one forward on its next turn (sessions sync to the committed context). An MTP head's session keeps
+receiving the target's hidden states through n-gram steps, so it catches up the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ class _CombinedSession(DraftSession):
     @property
     def forwards(self) -> int:
         return self.model.forwards
+
+    @property
+    def reads_hidden(self) -> bool:
+        return self.model.reads_hidden
+
+    def observe_hidden(self, start, hidden):
+        self.model.observe_hidden(start, hidden)
 
     def attach_target(self, target):
         self.model.attach_target(target)
