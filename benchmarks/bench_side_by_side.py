@@ -243,6 +243,13 @@ def main() -> None:
         )
         plan.append((vm, [DrafterChoice(f"{vl}:{s}:tli+map", s, "tli"), DrafterChoice(f"{vl}:{s}:bridged", s, "bridged")]))
     baseline = next((f"{x}:none" for x in (*tags, vl) if args.only is None or f"{x}:none" in args.only), None)
+    if "llama" in engines and args.llama_python:  # before the other engines' minutes, not after them
+        check = subprocess.run([args.llama_python, "-c", "import llama_cpp.server.app"], capture_output=True, text=True)
+        if check.returncode:
+            sys.exit(
+                f"--llama-python {args.llama_python} cannot start llama.cpp's server ({check.stderr.strip().splitlines()[-1]}); "
+                "install it there: pip install 'llama-cpp-python[server]'"
+            )
     configs = []
     log(
         f"side by side: target {args.target} ({resolve_model(args.target)}), {len(prompts)} prompts, {args.max_tokens} tokens, "
