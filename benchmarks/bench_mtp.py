@@ -6,8 +6,8 @@ model, same engine, same run, on the bench suite's prompts (which the head never
 
 Target Qwen2.5-Coder-1.5B-Instruct (``--target``) on the CPU, greedy, the prompts of
 ``vocabbridge/data/prompts/suite.jsonl`` (``--categories``; the 10k-token summary left out by
-default) with thinking on and off where the chat template has it. Configurations, interleaved per prompt: plain decoding; ``mtp`` (the head, float32 on the CPU
-by default: int8 wrecks a least-squares-fitted head; ``--head-dtype int8`` to see it); ``draft`` (Qwen2.5-Coder-0.5B, int8).
+default) with thinking on and off where the chat template has it. Configurations, interleaved per prompt: plain decoding; ``mtp`` (the head, int8 with one weight scale
+per output row on the CPU by default; ``--head-dtype float32`` to compare); ``draft`` (Qwen2.5-Coder-0.5B, int8).
 ``--train`` trains the head first when ``--head`` does not exist (the default recipe, time-boxed
 by ``--budget-minutes``, 45 by default: the CPU recipe for the 1.5B). Prints, per prompt and overall: decode tokens/s and the speedup over
 plain, acceptance per draft position (drafts whose token j was accepted / drafts), mean
@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--drafter", default="qwen2.5-coder-0.5b", help="the same-family draft model to compare with")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("-k", type=int, default=3)
-    ap.add_argument("--head-dtype", default="auto", help="auto (float32 on the CPU), int8, bfloat16")
+    ap.add_argument("--head-dtype", default="auto", help="auto (int8, one scale per output row, on the CPU), int8, float32, bfloat16")
     ap.add_argument(
         "--dtype",
         default="auto",
