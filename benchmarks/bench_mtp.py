@@ -83,7 +83,9 @@ def main() -> int:
     ap.add_argument("--drafter", default="qwen2.5-coder-0.5b", help="the same-family draft model to compare with")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("-k", type=int, default=3)
-    ap.add_argument("--head-dtype", default="auto", help="auto (int8, one scale per output row, on the CPU), int8, float32, bfloat16")
+    ap.add_argument(
+        "--head-dtype", default="auto", help="auto (int8, one scale per output row, on the CPU), int8, float32, bfloat16"
+    )
     ap.add_argument(
         "--dtype",
         default="auto",

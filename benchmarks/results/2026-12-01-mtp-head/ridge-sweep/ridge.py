@@ -1,57 +1,94 @@
-"""Sweep the ridge strength of the least-squares start on the cached 1.5B data; held-out greedy acceptance."""
-import copy, dataclasses, json, random, sys, time
-from pathlib import Path
-import torch
-from vocabbridge.engine import load_causal_lm
-from vocabbridge.presets import resolve_model
-from vocabbridge.heads.data import load_shard, draft_vocabulary
-from vocabbridge.heads.model import new_head, target_parts, norm_scale
-from vocabbridge.heads.train import split_heldout, Recipe
-from vocabbridge.heads import chain as C
+"""The ridge strength of the least-squares start, swept on the 1.5B head's cached training data.
 
-torch.manual_seed(0)
-work = Path("/work/main/heads/qwen2.5-coder-1.5b/train/data")
-seqs = [s for p in sorted(work.glob("shard-*.safetensors")) for s in load_shard(p)]
-r = Recipe()
-train, held = split_heldout(seqs, r.heldout, r.seed)
-print("train", sum(s.positions for s in train), "held", sum(s.positions for s in held), flush=True)
-lm = load_causal_lm(resolve_model("qwen2.5-coder-1.5b"), dtype="float32", pack=False)
-lm.model.requires_grad_(False)
-parts = target_parts(lm.model)
-vocab = parts.embed.weight.shape[0]
-roles = lm.view.roles
-stops = {roles[x] for x in ("eos", "end_of_turn") if x in roles}
-ids = draft_vocabulary(train, size=r.draft_vocab, vocab_size=vocab, always=stops)
-t2d = torch.full((vocab,), -1, dtype=torch.long); t2d[ids] = torch.arange(len(ids))
-ev = lambda h: C.evaluate(h, held, t2d, k=3, batch_tokens=512, device="cpu", autocast=lambda: torch.autocast("cpu", enabled=False))
-results = []
-max_pos = int(sys.argv[1]) if len(sys.argv) > 1 else 32768
-for eh_r in [float(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1e-3").split(",")]:
-    head = new_head(parts, draft_ids=ids)
-    t = time.time(); r2 = C.fit_projection(head, train, ridge=eh_r); print(f"eh ridge {eh_r}: R2 {r2:.3f} {time.time()-t:.0f}s", flush=True)
-    module = C.residual_output(head, "mlp.down_proj")
-    base = module.weight.detach().clone()
-    w = norm_scale(head.norm).float()
-    feats = []
-    hook = module.register_forward_pre_hook(lambda m, a: feats.append(a[0]))
-    normal = C._Normal(module.in_features, parts.hidden_size, "cpu")
-    t = time.time()
-    with torch.no_grad():
-        for group in C.batches(train, batch_tokens=2048, rng=random.Random(0)):
-            b = C.collate(group, t2d, 2048)
-            feats.clear()
-            out = head.layer_output(b.hidden, b.next_tokens, b.positions, mask=C.chain_mask(b.hidden.shape[1], 1))
-            normal.add(feats[-1][b.valid], b.next_hidden[b.valid] / w - out[b.valid].float())
-            if normal.count >= max_pos:
-                break
-    hook.remove()
-    print(f"normal eqs over {normal.count} positions {time.time()-t:.0f}s", flush=True)
-    for dr in [float(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "1e-3,1e-2,3e-2,1e-1,3e-1").split(",")]:
-        t = time.time(); m, r2 = normal.solve(dr)
+    VOCABBRIDGE_MODELS=/work/models python ridge.py [MAX_POSITIONS] [EH_RIDGES] [DOWN_RIDGES]
+
+For each eh_proj ridge: fit eh_proj, accumulate the down_proj normal equations once (up to
+MAX_POSITIONS training positions), then solve them for each down_proj ridge and score the start
+alone (no gradient step) on the held-out split: greedy acceptance at draft positions 1/2/3, mean
+acceptance length, soft cross-entropy. Writes results-MAX_POSITIONS.json beside this file.
+"""
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from vocabbridge.engine import load_causal_lm
+from vocabbridge.heads import chain
+from vocabbridge.heads.data import draft_vocabulary, load_shard
+from vocabbridge.heads.model import new_head, norm_scale, target_parts
+from vocabbridge.heads.train import Recipe, split_heldout
+from vocabbridge.presets import resolve_model
+
+DATA = Path("/work/main/heads/qwen2.5-coder-1.5b/train/data")
+
+
+def ridges(i: int, default: str) -> list[float]:
+    return [float(x) for x in (sys.argv[i] if len(sys.argv) > i else default).split(",")]
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    max_pos = int(sys.argv[1]) if len(sys.argv) > 1 else 32768
+    seqs = [s for p in sorted(DATA.glob("shard-*.safetensors")) for s in load_shard(p)]
+    recipe = Recipe()
+    train, held = split_heldout(seqs, recipe.heldout, recipe.seed)
+    print("train", sum(s.positions for s in train), "held", sum(s.positions for s in held), flush=True)
+    lm = load_causal_lm(resolve_model("qwen2.5-coder-1.5b"), dtype="float32", pack=False)
+    lm.model.requires_grad_(False)
+    parts = target_parts(lm.model)
+    vocab = parts.embed.weight.shape[0]
+    roles = lm.view.roles
+    stops = {roles[x] for x in ("eos", "end_of_turn") if x in roles}
+    ids = draft_vocabulary(train, size=recipe.draft_vocab, vocab_size=vocab, always=stops)
+    t2d = torch.full((vocab,), -1, dtype=torch.long)
+    t2d[ids] = torch.arange(len(ids))
+    no_autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+    results = []
+    for eh_r in ridges(2, "1e-3"):
+        head = new_head(parts, draft_ids=ids)
+        t = time.time()
+        r2 = chain.fit_projection(head, train, ridge=eh_r)
+        print(f"eh ridge {eh_r}: R2 {r2:.3f} {time.time() - t:.0f}s", flush=True)
+        module = chain.residual_output(head, "mlp.down_proj")
+        base = module.weight.detach().clone()
+        w = norm_scale(head.norm).float()
+        feats = []
+        hook = module.register_forward_pre_hook(lambda m, a: feats.append(a[0]))
+        normal = chain._Normal(module.in_features, parts.hidden_size, "cpu")
+        t = time.time()
         with torch.no_grad():
-            module.weight.copy_(base + m.T.float())
-        e = ev(head)
-        row = dict(eh_ridge=eh_r, down_ridge=dr, positions=normal.count, r2_train=r2, acc=[round(a, 4) for a in e["acceptance_per_position"]], mal=round(e["mean_acceptance_length"], 3), loss=round(e["loss"], 3))
-        print(row, f"{time.time()-t:.0f}s", flush=True)
-        results.append(row)
-json.dump(results, open(f"/work/exp/ridge/results-{max_pos}.json", "w"), indent=1)
+            for group in chain.batches(train, batch_tokens=2048, rng=random.Random(0)):
+                b = chain.collate(group, t2d, 2048)
+                feats.clear()
+                out = head.layer_output(b.hidden, b.next_tokens, b.positions, mask=chain.chain_mask(b.hidden.shape[1], 1))
+                normal.add(feats[-1][b.valid], b.next_hidden[b.valid] / w - out[b.valid].float())
+                if normal.count >= max_pos:
+                    break
+        hook.remove()
+        print(f"normal eqs over {normal.count} positions {time.time() - t:.0f}s", flush=True)
+        for dr in ridges(3, "1e-3,1e-2,3e-2,1e-1,3e-1"):
+            t = time.time()
+            m, r2 = normal.solve(dr)
+            with torch.no_grad():
+                module.weight.copy_(base + m.T.float())
+            e = chain.evaluate(head, held, t2d, k=3, batch_tokens=512, device="cpu", autocast=no_autocast)
+            row = {
+                "eh_ridge": eh_r,
+                "down_ridge": dr,
+                "positions": normal.count,
+                "r2_train": r2,
+                "acc": [round(a, 4) for a in e["acceptance_per_position"]],
+                "mal": round(e["mean_acceptance_length"], 3),
+                "loss": round(e["loss"], 3),
+            }
+            print(row, f"{time.time() - t:.0f}s", flush=True)
+            results.append(row)
+    (Path(__file__).parent / f"results-{max_pos}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
