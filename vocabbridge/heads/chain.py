@@ -174,20 +174,19 @@ def residual_output(head: MTPHead, name: str) -> torch.nn.Linear | None:
 
 
 @torch.no_grad()
-def fit_output(
+def output_normal_equations(
     head: MTPHead,
     module: torch.nn.Linear,
     seqs: list[Sequence],
     t2d: torch.Tensor,
     *,
-    ridge: float = 1e-3,
     batch_tokens: int = 2048,
     max_positions: int = 32768,
-) -> float:
-    """Add to ``module``'s weight (a residual branch's output projection of the head's layer) the
-    ridge regression, on that projection's inputs, of what the layer's output still misses of
-    h_{t+1} (step 1 of the chain, up to ``max_positions`` training positions in a fixed shuffled
-    order: the normal equations of an 8960-wide MLP cost ~160 GFLOP per 1,000 positions); R²."""
+) -> _Normal:
+    """The normal equations, on the inputs of ``module`` (a residual branch's output projection of
+    the head's layer), of what the layer's output still misses of h_{t+1}: step 1 of the chain, up
+    to ``max_positions`` training positions in a fixed shuffled order (those of an 8960-wide MLP
+    cost ~160 GFLOP per 1,000 positions). Solve them once per ridge strength."""
     dev = module.weight.device
     w = norm_scale(head.norm).float().to(dev)
     feats: list[torch.Tensor] = []
@@ -204,6 +203,22 @@ def fit_output(
                 break
     finally:
         hook.remove()
+    return normal
+
+
+@torch.no_grad()
+def fit_output(
+    head: MTPHead,
+    module: torch.nn.Linear,
+    seqs: list[Sequence],
+    t2d: torch.Tensor,
+    *,
+    ridge: float = 1e-3,
+    batch_tokens: int = 2048,
+    max_positions: int = 32768,
+) -> float:
+    """Add to ``module``'s weight the ridge solution of :func:`output_normal_equations`; R²."""
+    normal = output_normal_equations(head, module, seqs, t2d, batch_tokens=batch_tokens, max_positions=max_positions)
     if normal.count == 0:
         return float("nan")
     m, r2 = normal.solve(ridge)

@@ -9,7 +9,6 @@ acceptance length, soft cross-entropy. Writes results-MAX_POSITIONS.json beside 
 """
 
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 from vocabbridge.engine import load_causal_lm
 from vocabbridge.heads import chain
 from vocabbridge.heads.data import draft_vocabulary, load_shard
-from vocabbridge.heads.model import new_head, norm_scale, target_parts
+from vocabbridge.heads.model import new_head, target_parts
 from vocabbridge.heads.train import Recipe, split_heldout
 from vocabbridge.presets import resolve_model
 
@@ -55,20 +54,8 @@ def main() -> None:
         print(f"eh ridge {eh_r}: R2 {r2:.3f} {time.time() - t:.0f}s", flush=True)
         module = chain.residual_output(head, "mlp.down_proj")
         base = module.weight.detach().clone()
-        w = norm_scale(head.norm).float()
-        feats = []
-        hook = module.register_forward_pre_hook(lambda m, a: feats.append(a[0]))
-        normal = chain._Normal(module.in_features, parts.hidden_size, "cpu")
         t = time.time()
-        with torch.no_grad():
-            for group in chain.batches(train, batch_tokens=2048, rng=random.Random(0)):
-                b = chain.collate(group, t2d, 2048)
-                feats.clear()
-                out = head.layer_output(b.hidden, b.next_tokens, b.positions, mask=chain.chain_mask(b.hidden.shape[1], 1))
-                normal.add(feats[-1][b.valid], b.next_hidden[b.valid] / w - out[b.valid].float())
-                if normal.count >= max_pos:
-                    break
-        hook.remove()
+        normal = chain.output_normal_equations(head, module, train, t2d, max_positions=max_pos)
         print(f"normal eqs over {normal.count} positions {time.time() - t:.0f}s", flush=True)
         for dr in ridges(3, "1e-3,1e-2,3e-2,1e-1,3e-1"):
             t = time.time()
