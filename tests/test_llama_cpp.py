@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from vocabbridge.engine import SamplingParams, SpecEngine
+from vocabbridge.engine import SamplingParams, SpecEngine, llama_cpp
 from vocabbridge.engine.factory import build_engine
 from vocabbridge.engine.llama_cpp import MAX_ROWS, load_llama_cpp_lm, system_info
 from vocabbridge.errors import ConfigError, ModelLoadError, RequestError
@@ -50,6 +50,27 @@ def test_invariant_verification_equals_plain_rows_bit_for_bit(gguf, prompt_len):
     for k in range(1, 9):
         assert _worst(gguf[True], prompt_len, k) == 0.0, (k, system_info())
     assert MAX_ROWS >= 5  # k = 4 verifies in one forward
+
+
+def _lone_row_matches_a_batch_row(lm, cells: int) -> bool:
+    """Three one-token forwards vs one three-row forward over the same tokens, after ``cells`` tokens."""
+    s = lm.session()
+    s.extend(list(range(100, 100 + cells)))
+    rows = torch.cat([s.extend([t]) for t in (7, 8, 9)])
+    s.truncate(cells)
+    return torch.equal(rows, s.extend([7, 8, 9], keep=3))
+
+
+@pytest.mark.parametrize("kv_type", [1, llama_cpp.KV_BF16])  # f16 (llama.cpp's default), bf16 (ours)
+def test_the_load_probe_predicts_whether_a_lone_row_computes_as_a_batch_row(gguf, kv_type, monkeypatch):
+    """The probe (at 300 cells) decides whether a plain step runs one row or two; it must agree with a
+    direct check at another KV length. On the machines measured, the f16 cache's lone row splits its
+    attention past 256 cells (the probe says no) and the bf16 cache's does not."""
+    monkeypatch.setattr(llama_cpp, "KV_BF16", kv_type)
+    lm = load_llama_cpp_lm(str(QWEN05), invariant=True)
+    lm.min_rows = 1  # unpadded, to see what one row alone computes
+    assert llama_cpp._one_row_is_invariant(lm) == _lone_row_matches_a_batch_row(lm, 420), system_info()
+    assert gguf[True].min_rows in (1, 2)
 
 
 def test_sessions_roll_back_and_reuse_contexts(gguf):

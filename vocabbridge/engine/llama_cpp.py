@@ -3,21 +3,30 @@
 copy), the KV cache in llama.cpp, rollback by removing KV cells.
 
 **Batch invariance, measured.** llama.cpp computes a row differently depending on how many rows
-its batch holds, so a verification forward over k+1 tokens gives logits that differ from k+1
-one-token forwards: by up to 0.4-0.9 in the logits on Qwen2.5-Coder-1.5B Q4_K_M here, enough to
-change a greedy answer at a near-tie. Measured on this build (0.3.36, AVX-512, 2 threads) with
-the weight repacking off: every batch of 2 to 7 rows computes each row bit for bit the same, while
-one row alone and 8 or more rows take other kernels (and with repacking on, a row's place in its
-group of columns matters too). So a batch-invariant model (``invariant=True``, the target) loads
-without repacking, pads every one-token forward to two rows (the padding sits at the next
-position, hidden by the causal mask, its KV cell removed right after) and verifies at most
+its batch holds, so a verification forward over k+1 tokens can give logits that differ from k+1
+one-token forwards: by up to 0.4-0.9 in the logits on Qwen2.5-Coder-1.5B Q4_K_M, enough to change
+a greedy answer at a near-tie. Measured on this build (0.3.36, 2 threads), with the weight
+repacking off and flash attention on, every batch of 2 to 7 rows computes each row bit for bit
+the same, while 8 or more rows take other kernels; with repacking on, a row's place in its group
+of four matters too; with flash attention off, attention differs at every row count. One row
+alone is the subtle case: with an f16 KV cache, flash attention splits a lone query's keys across
+the threads once they pass 256 cells, so its row differs from the same row in a batch; with a
+bf16 (or q8_0) KV cache it takes the batch's path at every length (measured to 1,000 cells on an
+AVX2 machine; logits within 0.9, mean 0.08, of the f16 cache's, greedy choice the same at 98.8 %
+of the positions of a code text). So a batch-invariant model (``invariant=True``, the target)
+loads without repacking, with flash attention and a bf16 KV cache, and *measures at load*
+whether a one-row forward equals a row of a three-row one past 256 cells
+(:func:`_one_row_is_invariant`): if it does, a plain step is one row; if not (another CPU or
+build), every one-token forward is padded to two rows (the padding sits at the next position,
+hidden by the causal mask, its KV cell removed right after). Verification runs at most
 ``MAX_ROWS`` rows per forward. Prompt chunks run as they are: plain and speculative decoding
 prefill the same prompt with the same chunks. ``tests/test_llama_cpp.py`` checks it on a real GGUF.
 
-The price on this CPU: llama.cpp's quantized matmuls are bound by compute, not by reading the
-weights, so a forward costs about one row's time per row (1.5B: 52 ms for one row, 97 for two,
-171 for five): speculative decoding cannot pay here, and the torch int8 target
-(:mod:`.invariant`) is the faster exact backend. On a CPU whose kernels amortize rows it would.
+The price on a 2-core CPU: llama.cpp's quantized matmuls are bound by compute, not by reading the
+weights, so a forward costs nearly one row's time per row (1.5B on the AVX2 machine: 66 ms for one
+row, 110 for two, 207 for five; on the AVX-512 one: 52, 97, 171), and a draft pays only where
+it is accepted often (prompt lookup on repeating text); the torch int8 target (:mod:`.invariant`)
+amortizes rows better. On a CPU with more cores per request it would pay more.
 
 Every session owns a llama.cpp context (its KV cache) taken from a per-model pool and returned,
 cleared, when the session is dropped, so a new request does not pay for allocating one.
@@ -30,6 +39,8 @@ torch.Size([1, 151936])
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import os
 import threading
 import time
@@ -41,6 +52,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, ModelLoadError, RequestError
+from ..mapping.cache import cache_root
 from ..tokenizer import TokenizerView, load_tokenizer
 from .invariant import row_plan
 from .model import CacheSession
@@ -52,7 +64,10 @@ INSTALL_HINT = (
 )
 DEFAULT_CTX = 8192  # KV cells per session: ~230 MB of f16 KV for the 1.5B target
 BATCH = 512  # tokens per llama_decode call (a longer prefill chunk is split)
-MIN_ROWS, MAX_ROWS = 2, 7  # the batch sizes whose rows llama.cpp computes alike (measured; see above)
+MAX_ROWS = 7  # batches of 2 to 7 rows compute each row alike (measured; see above)
+FLASH_ATTN_ON = 1  # llama_flash_attn_type: enabled (attention then takes each query row on its own)
+KV_BF16 = 30  # ggml_type of the KV cache of an invariant model (f16's lone-row attention splits; see above)
+PROBE_CELLS = 300  # the probe's prompt: past the 256 cells where a lone row's attention would split
 
 
 def _llama():
@@ -98,6 +113,7 @@ class LlamaCppLM:
     invariant: bool
     threads: int
     ctx_size: int
+    min_rows: int = 1  # one-token forwards are padded to this many rows (2 where one row computes apart)
     load_seconds: float = 0.0
     forwards: int = 0
     device: str = "cpu"
@@ -128,6 +144,9 @@ class LlamaCppLM:
         cp.n_seq_max = 1
         cp.n_threads = cp.n_threads_batch = self.threads
         cp.no_perf = True
+        if self.invariant:
+            cp.flash_attn_type = FLASH_ATTN_ON
+            cp.type_k = cp.type_v = KV_BF16
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(f"{self.name}: llama.cpp could not create a context of {self.ctx_size} tokens (out of memory?).")
@@ -165,7 +184,7 @@ class LlamaSession(CacheSession):
             )
         n = len(tokens)
         inv = self.lm.invariant  # see the module docstring
-        plan = row_plan(n, keep, most=MAX_ROWS if inv else BATCH, least=MIN_ROWS if inv else 0, chunk=BATCH)
+        plan = row_plan(n, keep, most=MAX_ROWS if inv else BATCH, least=self.lm.min_rows if inv else 0, chunk=BATCH)
         out = []
         for start, stop, pad in plan:
             piece = tokens[start:stop]
@@ -256,7 +275,7 @@ def load_llama_cpp_lm(
         view=view,
         source=source,
         vocab_size=vocab,
-        max_context=ctx - MIN_ROWS,  # room for the padding row
+        max_context=ctx - 2,  # room for a padding row
         invariant=invariant,
         threads=threads or os.cpu_count() or 1,
         ctx_size=ctx,
@@ -264,7 +283,74 @@ def load_llama_cpp_lm(
         _model=model,
     )
     weakref.finalize(lm, _free_model, model, lm._pool)
+    if invariant:
+        lm.min_rows = 1 if _probed(lm) else 2
     return lm
+
+
+def _probed(lm: LlamaCppLM) -> bool:
+    """:func:`_one_row_is_invariant`, measured once per model file, llama.cpp build, CPU and thread
+    count, and kept in ``$VOCABBRIDGE_CACHE/llama-invariance.json`` (the probe prefills 300 tokens)."""
+    st = lm.path.stat()
+    key = "|".join(
+        [
+            str(lm.path.resolve()),
+            str(st.st_size),
+            str(int(st.st_mtime)),
+            _llama().__version__,
+            system_info(),
+            _cpu_name(),
+            str(lm.threads),
+        ]
+    )
+    key = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = cache_root() / "llama-invariance.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known.get(key), bool):
+        known[key] = _one_row_is_invariant(lm)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache: measure again next time
+    return known[key]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _one_row_is_invariant(lm: LlamaCppLM) -> bool:
+    """Whether three one-token forwards give, bit for bit, the logits of one three-row forward over
+    the same tokens, after a prompt of ``PROBE_CELLS``: then a plain step need not be padded (see
+    above). ~0.1 s for SmolLM2-135M, ~3 s for the 1.5B on 2 cores."""
+    s = LlamaSession(lm)
+    try:
+        prompt, step = [(97 * i + 13) % lm.vocab_size for i in range(PROBE_CELLS)], [11, 12, 13]
+        s._decode(prompt, [], 0)
+        s.ids.extend(prompt)
+        rows = []
+        for t in step:
+            rows.append(s._decode([t], [0], 0))
+            s.ids.append(t)
+        s.truncate(len(prompt))
+        batch = s._decode(step, [0, 1, 2], 0)
+        return bool(np.array_equal(np.concatenate(rows), batch))
+    finally:
+        del s
 
 
 def _free_model(model, pool: list) -> None:
