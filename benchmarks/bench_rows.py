@@ -9,7 +9,8 @@ for oneDNN), torch int8 as fbgemm's dynamic quantization has it (one activation 
 not batch-invariant), our batch-invariant int8 (engine/invariant.py; its forwards are padded to
 INVARIANT_ROWS rows, so the cost below is for the rows as given and the engine pays the padded
 count), llama.cpp as it ships (weight repacking on) and llama.cpp as the engine's target runs it
-(repacking off, one row padded to two). Each cell: the median of --repeats forwards over a
+(repacking off, flash attention on a bf16 KV cache; a plain step is one row where the load probe
+finds that a lone row computes as a batch row, else padded to two). Each cell: the median of --repeats forwards over a
 --context-token cache; the ratio is against the same backend's one-row forward.
 """
 
