@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from vocabbridge.engine import SamplingParams, SpecEngine
 from vocabbridge.engine.factory import build_engine
-from vocabbridge.engine.invariant import INVARIANT_ROWS, KEY_BLOCK, FusedPart, RowInt8Linear, make_invariant
+from vocabbridge.engine.invariant import INVARIANT_ROWS, KEY_BLOCK, FusedPart, RowInt8Linear, make_invariant, probe_lone_rows
 from vocabbridge.engine.model import CausalLM, quantize_int8
 from vocabbridge.spec import EngineSpec
 
@@ -35,9 +35,17 @@ def _tiny(kind: str) -> torch.nn.Module:
     return model.eval()
 
 
-def _lm(model, rows) -> CausalLM:
+def _lm(model, rows, min_rows=None) -> CausalLM:
     return CausalLM(
-        model, view=None, source="tiny", device="cpu", dtype=torch.float32, vocab_size=300, max_context=4096, rows=rows
+        model,
+        view=None,
+        source="tiny",
+        device="cpu",
+        dtype=torch.float32,
+        vocab_size=300,
+        max_context=4096,
+        rows=rows,
+        min_rows=min_rows,
     )
 
 
@@ -71,17 +79,32 @@ def test_naive_int8_verification_differs_from_plain_rows(kind):
     assert max(worst_difference(lm, 40, k) for k in (2, 4)) > 1e-4
 
 
+@pytest.mark.parametrize("min_rows", [None, 1], ids=["padded", "one-row-steps"])
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 @pytest.mark.parametrize("prompt_len", [3, KEY_BLOCK - 3, KEY_BLOCK - 1, 2 * KEY_BLOCK + 5])
-def test_invariant_verification_equals_plain_rows_bit_for_bit(kind, prompt_len):
-    """k = 1…8 (k + 1 > INVARIANT_ROWS verifies in pieces), prompts and KV lengths across key blocks."""
+def test_invariant_verification_equals_plain_rows_bit_for_bit(kind, prompt_len, min_rows):
+    """k = 1…8 (k + 1 > INVARIANT_ROWS verifies in pieces), prompts and KV lengths across key blocks,
+    with every forward padded to INVARIANT_ROWS and with plain steps of one row (what the load probe
+    allows where it finds them invariant)."""
     model = _tiny(kind)
     make_invariant(model)
     assert isinstance(model.model.layers[0].self_attn.k_proj, FusedPart)
     assert isinstance(model.lm_head, RowInt8Linear)
-    lm = _lm(model, rows=INVARIANT_ROWS)
+    lm = _lm(model, rows=INVARIANT_ROWS, min_rows=min_rows)
     for k in range(1, 9):
         assert worst_difference(lm, prompt_len, k) == 0.0, k
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_the_load_probe_tells_an_invariant_target_from_a_naive_one(kind):
+    """probe_lone_rows (what decides at load whether plain steps run one row) says yes for the
+    invariant int8 target and no for fbgemm's dynamic int8 as it is, and agrees with a direct check."""
+    model = _tiny(kind)
+    make_invariant(model)
+    ours = _lm(model, rows=INVARIANT_ROWS, min_rows=1)
+    naive = _lm(quantize_int8(_tiny(kind)), rows=INVARIANT_ROWS, min_rows=1)
+    assert probe_lone_rows(ours, most=INVARIANT_ROWS) and worst_difference(ours, 140, 4) == 0.0
+    assert not probe_lone_rows(naive, most=INVARIANT_ROWS) and worst_difference(naive, 140, 4) > 0.0
 
 
 def test_row_int8_linear_rows_do_not_see_each_other():
@@ -113,7 +136,7 @@ def test_every_drafter_is_token_identical_on_the_int8_target(smol, drafter, mode
     name = {"self": str(SMOL), "qwen": str(QWEN05)}.get(drafter, drafter)
     spec = EngineSpec(target=str(SMOL), drafter=name, mode=mode, dtype="int8", num_speculative_tokens=4)
     built = build_engine(spec, loaded=smol)
-    assert built.target.rows == INVARIANT_ROWS
+    assert built.target.rows == INVARIANT_ROWS and built.target.min_rows in (1, INVARIANT_ROWS)
     plain = SpecEngine(built.target)
     params = SamplingParams(max_new_tokens=32)
     for p in PROMPTS:

@@ -10,10 +10,15 @@ speculative answer drifts from the plain one at the first near-tie.
 
 The three pieces, each invariant on its own:
 
-1. **The row count is fixed** (``CausalLM.rows``): every decode-time forward, a one-token plain
-   step or a verification, runs exactly R rows (padding after the real rows, where the causal mask
-   hides it; its KV entries are cropped after). Every op then sees the same shapes, so no kernel
-   choice depends on k.
+1. **The row count is bounded** (``CausalLM.rows``): a verification runs at most R rows a forward.
+   Where a load-time probe (:func:`probe_lone_rows`) finds that a one-row forward computes each
+   row as a batch of 2…R does, a plain step is one row (``CausalLM.min_rows = 1``); otherwise every
+   decode-time forward is padded to R rows (after the real rows, where the causal mask hides it;
+   its KV entries are cropped after), so every op sees the same shapes and no kernel choice
+   depends on k. With the two pieces below the unpadded forward is invariant by construction in
+   the linears and the attention; the probe covers what is not (a norm's reduction that a CPU
+   splits across threads by shape), and on the 2-core AVX2 machine it found none: a plain step
+   then costs 168 ms instead of the padded 235 on the 1.5B.
 2. **Linears** (:class:`RowInt8Linear`): int8 weights, each activation row scaled by its own
    maximum, integer accumulation (exact in any order).
 3. **Attention** (:func:`invariant_attention`): keys in blocks of ``KEY_BLOCK`` fixed by absolute
@@ -36,6 +41,77 @@ import torch
 ATTENTION = "vocabbridge_invariant"
 INVARIANT_ROWS = 5  # rows of every decode-time forward of an int8 target: k + 1 ≤ 5 verifies in one forward
 KEY_BLOCK = 128  # attention runs over keys in blocks of this many, fixed by absolute position
+PROBE_CELLS = 300  # the load probe's prompt: past two key blocks (and llama.cpp's 256-cell padding)
+
+
+def probe_lone_rows(lm, *, most: int, cells: int = PROBE_CELLS) -> bool:
+    """Whether ``most`` one-token forwards give, bit for bit, the logits of one forward over the
+    same tokens with 2, 3, … ``most`` rows, after a ``cells``-token prompt: then a plain step need
+    not be padded. ``lm``: any backend whose sessions have ``extend(tokens, keep)`` / ``truncate``
+    and that runs its rows unpadded while probed (the caller sets ``min_rows = 1`` first)."""
+    s = lm.session()
+    try:
+        s.extend([(97 * i + 13) % lm.vocab_size for i in range(cells)])
+        step = [11 + i for i in range(most)]
+        rows = torch.cat([s.extend([t]) for t in step])
+        for n in range(2, most + 1):
+            s.truncate(cells)
+            if not torch.equal(s.extend(step[:n], keep=n), rows[:n]):
+                return False
+        return True
+    finally:
+        del s
+
+
+def probe_cached(key: list[str], probe) -> bool:
+    """``probe()``'s answer, measured once per ``key`` (what decides it: the model's files, the kernel
+    library's version, the CPU, the thread count…) and kept in ``$VOCABBRIDGE_CACHE/invariance.json``."""
+    import hashlib
+    import json
+    import os
+
+    from ..mapping.cache import cache_root
+
+    digest = hashlib.sha256("|".join(key).encode()).hexdigest()[:16]
+    path = cache_root() / "invariance.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known.get(digest), bool):
+        known[digest] = bool(probe())
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache: measure again next time
+    return known[digest]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (part of a probe's cache key)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def files_fingerprint(source: str) -> str:
+    """Names, sizes and mtimes of a model's files (a folder's or one file's), for a probe's cache key."""
+    from pathlib import Path
+
+    path = Path(source).expanduser()
+    if not path.exists():
+        return source  # a hub id: its revision is what the name says
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return ";".join(f"{p.resolve()}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in files)
 
 
 def row_plan(n: int, keep: int, *, most: int, least: int, chunk: int) -> list[tuple[int, int, int]]:
@@ -155,14 +231,20 @@ def invariant_attention(module, query, key, value, attention_mask=None, scaling=
     masked keys). Every block is computed with the same shapes, whatever the cache's length: its
     scores, their exponentials (after the row's maximum, which is exact in any order), its sum and
     its share of the output. The blocks are then added in order, by a sequential scan; blocks past
-    a row's position add exact zeros. So a row's result does not depend on how many keys or rows
-    the forward holds. Shapes as transformers passes them: query [B, H, q, d], key/value
+    a row's position add exact zeros. Fewer than ``INVARIANT_ROWS`` query rows (a plain step, a
+    short verification) are padded to that many, so the matmuls' shapes, and with them the kernels'
+    blocking, are the same for every decode-time forward (unpadded, a head size of 16 gave a row
+    alone results 2e-7 away from the same row in a batch). So a row's result does not depend on how
+    many keys or rows the forward holds. Shapes as transformers passes them: query [B, H, q, d], key/value
     [B, H_kv, L, d] → [B, q, H, d].
     """
     B, H, q, d = query.shape
     H_kv, L = key.shape[1], key.shape[2]
     groups = H // H_kv
-    M = groups * q  # the query heads of one key head, side by side (no copy of the keys per head)
+    rows = max(q, INVARIANT_ROWS)  # a decode-time forward's queries padded to a fixed count: fixed matmul shapes
+    if rows > q:
+        query = torch.nn.functional.pad(query, (0, 0, 0, rows - q))
+    M = groups * rows  # the query heads of one key head, side by side (no copy of the keys per head)
     nb = math.ceil(L / KEY_BLOCK)
     pad = nb * KEY_BLOCK - L
     if pad:
@@ -173,18 +255,19 @@ def invariant_attention(module, query, key, value, attention_mask=None, scaling=
     qg = query.float().reshape(B, H_kv, 1, M, d)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
     s = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [B, H_kv, nb, M, KEY_BLOCK]
-    s = s.masked_fill_(_future(L, q, groups, nb), float("-inf"))
+    s = s.masked_fill_(_future(L, q, rows, groups, nb), float("-inf"))
     e = torch.exp(s - s.amax(dim=(2, 4), keepdim=True))
     total = e.sum(-1, keepdim=True).cumsum(2)[:, :, -1]  # [B, H_kv, M, 1]
     out = torch.matmul(e, v).cumsum(2)[:, :, -1] / total  # [B, H_kv, M, d]
-    out = out.reshape(B, H, q, d).transpose(1, 2).contiguous()
+    out = out.reshape(B, H, rows, d)[:, :, :q].transpose(1, 2).contiguous()
     return out.to(query.dtype), None
 
 
 @functools.lru_cache(maxsize=64)
-def _future(L: int, q: int, groups: int, nb: int) -> torch.Tensor:
-    """[nb, groups*q, KEY_BLOCK] bool: the keys each query row may not see (past its position)."""
-    pos = torch.arange(L - q, L).repeat(groups)  # each row's position
+def _future(L: int, q: int, rows: int, groups: int, nb: int) -> torch.Tensor:
+    """[nb, groups*rows, KEY_BLOCK] bool: the keys each query row may not see (past its position;
+    the ``rows - q`` padding rows after the real ones see every key, their results dropped)."""
+    pos = torch.cat([torch.arange(L - q, L), torch.full((rows - q,), L - 1)]).repeat(groups)  # each row's position
     keys = torch.arange(nb * KEY_BLOCK).view(nb, 1, KEY_BLOCK)
     return keys > pos.view(1, -1, 1)
 

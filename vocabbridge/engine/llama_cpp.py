@@ -15,7 +15,7 @@ bf16 (or q8_0) KV cache it takes the batch's path at every length (measured to 1
 AVX2 machine; logits within 0.9, mean 0.08, of the f16 cache's, greedy choice the same at 98.8 %
 of the positions of a code text). So a batch-invariant model (``invariant=True``, the target)
 loads without repacking, with flash attention and a bf16 KV cache, and *measures at load*
-whether a one-row forward equals a row of a three-row one past 256 cells
+whether one-row forwards equal the rows of 2- to 7-row ones past 256 cells
 (:func:`_one_row_is_invariant`): if it does, a plain step is one row; if not (another CPU or
 build), every one-token forward is padded to two rows (the padding sits at the next position,
 hidden by the causal mask, its KV cell removed right after). Verification runs at most
@@ -39,8 +39,6 @@ torch.Size([1, 151936])
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
 import threading
 import time
@@ -52,9 +50,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, ModelLoadError, RequestError
-from ..mapping.cache import cache_root
 from ..tokenizer import TokenizerView, load_tokenizer
-from .invariant import row_plan
+from .invariant import PROBE_CELLS, cpu_name, files_fingerprint, probe_cached, probe_lone_rows, row_plan
 from .model import CacheSession
 
 INSTALL_HINT = (
@@ -67,7 +64,6 @@ BATCH = 512  # tokens per llama_decode call (a longer prefill chunk is split)
 MAX_ROWS = 7  # batches of 2 to 7 rows compute each row alike (measured; see above)
 FLASH_ATTN_ON = 1  # llama_flash_attn_type: enabled (attention then takes each query row on its own)
 KV_BF16 = 30  # ggml_type of the KV cache of an invariant model (f16's lone-row attention splits; see above)
-PROBE_CELLS = 300  # the probe's prompt: past the 256 cells where a lone row's attention would split
 
 
 def _llama():
@@ -289,68 +285,29 @@ def load_llama_cpp_lm(
 
 
 def _probed(lm: LlamaCppLM) -> bool:
-    """:func:`_one_row_is_invariant`, measured once per model file, llama.cpp build, CPU and thread
-    count, and kept in ``$VOCABBRIDGE_CACHE/llama-invariance.json`` (the probe prefills 300 tokens)."""
-    st = lm.path.stat()
-    key = "|".join(
-        [
-            str(lm.path.resolve()),
-            str(st.st_size),
-            str(int(st.st_mtime)),
-            _llama().__version__,
-            system_info(),
-            _cpu_name(),
-            str(lm.threads),
-        ]
-    )
-    key = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = cache_root() / "llama-invariance.json"
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known.get(key), bool):
-        known[key] = _one_row_is_invariant(lm)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only cache: measure again next time
-    return known[key]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
+    """:func:`_one_row_is_invariant`, measured once per model file, llama.cpp build, CPU, thread
+    count and context settings (:func:`.invariant.probe_cached`; the probe prefills 300 tokens)."""
+    key = [
+        "llama.cpp",
+        files_fingerprint(str(lm.path)),
+        _llama().__version__,
+        system_info(),
+        cpu_name(),
+        str(lm.threads),
+        f"kv {KV_BF16} fa {FLASH_ATTN_ON} rows {MAX_ROWS} cells {PROBE_CELLS}",  # what the probe ran with
+    ]
+    return probe_cached(key, lambda: _one_row_is_invariant(lm))
 
 
 def _one_row_is_invariant(lm: LlamaCppLM) -> bool:
-    """Whether three one-token forwards give, bit for bit, the logits of one three-row forward over
-    the same tokens, after a prompt of ``PROBE_CELLS``: then a plain step need not be padded (see
-    above). ~0.1 s for SmolLM2-135M, ~3 s for the 1.5B on 2 cores."""
-    s = LlamaSession(lm)
+    """Whether one-token forwards give, bit for bit, the rows of a 2- to ``MAX_ROWS``-row forward
+    over the same tokens past 256 cells (:func:`.invariant.probe_lone_rows`), the plain steps run
+    unpadded while it is measured. ~3 s for SmolLM2-135M, ~10 s for the 1.5B on 2 cores, once."""
+    before, lm.min_rows = lm.min_rows, 1
     try:
-        prompt, step = [(97 * i + 13) % lm.vocab_size for i in range(PROBE_CELLS)], [11, 12, 13]
-        s._decode(prompt, [], 0)
-        s.ids.extend(prompt)
-        rows = []
-        for t in step:
-            rows.append(s._decode([t], [0], 0))
-            s.ids.append(t)
-        s.truncate(len(prompt))
-        batch = s._decode(step, [0, 1, 2], 0)
-        return bool(np.array_equal(np.concatenate(rows), batch))
+        return probe_lone_rows(lm, most=MAX_ROWS)
     finally:
-        del s
+        lm.min_rows = before
 
 
 def _free_model(model, pool: list) -> None:

@@ -170,7 +170,8 @@ class CausalLM:
     max_context: int
     load_seconds: float = 0.0
     forwards: int = field(default=0)  # every forward call, for stats
-    rows: int | None = None  # every decode-time forward padded to this many rows (batch invariance; see KVSession.extend)
+    rows: int | None = None  # at most this many rows a verification forward (batch invariance; see KVSession.extend)
+    min_rows: int | None = None  # decode-time forwards padded to this many rows (None: to ``rows``; 1: unpadded)
 
     @property
     def cache_kwarg(self) -> str:
@@ -267,7 +268,33 @@ def load_causal_lm(
     cfg = model.config
     text_cfg = getattr(cfg, "get_text_config", lambda: cfg)()
     max_ctx = int(getattr(text_cfg, "max_position_embeddings", 0) or 1 << 30)
-    return CausalLM(model, view, source, device, dt, vocab, max_ctx, time.perf_counter() - t0, rows=rows)
+    lm = CausalLM(model, view, source, device, dt, vocab, max_ctx, time.perf_counter() - t0, rows=rows)
+    if rows is not None and dtype in QUANTIZED:
+        lm.min_rows = 1 if _lone_rows_probed(lm) else rows
+    return lm
+
+
+def _lone_rows_probed(lm: CausalLM) -> bool:
+    """Whether the invariant int8 target's plain steps may run one row (see :mod:`.invariant`)."""
+    from .invariant import INVARIANT_ROWS, KEY_BLOCK, PROBE_CELLS, cpu_name, files_fingerprint, probe_cached, probe_lone_rows
+
+    key = [
+        "torch-int8",
+        files_fingerprint(lm.source),
+        torch.__version__,
+        cpu_name(),
+        str(torch.get_num_threads()),
+        f"rows {lm.rows} block {KEY_BLOCK} cells {PROBE_CELLS} v{INVARIANT_ROWS}",
+    ]
+
+    def probe() -> bool:
+        lm.min_rows = 1
+        try:
+            return probe_lone_rows(lm, most=lm.rows)
+        finally:
+            lm.min_rows = None
+
+    return probe_cached(key, probe)
 
 
 class CacheSession:
@@ -322,7 +349,7 @@ class KVSession(CacheSession):
                 f"{self.lm.max_context}; shorten the prompt or lower max_tokens."
             )
         R, n = self.lm.rows, len(tokens)
-        plan = row_plan(n, keep, most=R, least=R, chunk=n) if R else [(0, n, 0)]  # see CausalLM.rows
+        plan = row_plan(n, keep, most=R, least=self.lm.min_rows or R, chunk=n) if R else [(0, n, 0)]  # see CausalLM.rows
         logits, hiddens = [], []
         for start, stop, pad in plan:
             piece = tokens[start:stop]
