@@ -105,6 +105,8 @@ def test_the_load_probe_tells_an_invariant_target_from_a_naive_one(kind):
     naive = _lm(quantize_int8(_tiny(kind)), rows=INVARIANT_ROWS, min_rows=1)
     assert probe_lone_rows(ours, most=INVARIANT_ROWS) and worst_difference(ours, 140, 4) == 0.0
     assert not probe_lone_rows(naive, most=INVARIANT_ROWS) and worst_difference(naive, 140, 4) > 0.0
+    ours.max_context = 200  # too short a context for the probe: the padded path, no error
+    assert not probe_lone_rows(ours, most=INVARIANT_ROWS)
 
 
 def test_row_int8_linear_rows_do_not_see_each_other():

@@ -48,7 +48,10 @@ def probe_lone_rows(lm, *, most: int, cells: int = PROBE_CELLS) -> bool:
     """Whether ``most`` one-token forwards give, bit for bit, the logits of one forward over the
     same tokens with 2, 3, … ``most`` rows, after a ``cells``-token prompt: then a plain step need
     not be padded. ``lm``: any backend whose sessions have ``extend(tokens, keep)`` / ``truncate``
-    and that runs its rows unpadded while probed (the caller sets ``min_rows = 1`` first)."""
+    and that runs its rows unpadded while probed (the caller sets ``min_rows = 1`` first). A context
+    too short for the probe answers no: the padded path is exact everywhere."""
+    if lm.max_context < cells + most:
+        return False
     s = lm.session()
     try:
         s.extend([(97 * i + 13) % lm.vocab_size for i in range(cells)])
