@@ -14,6 +14,7 @@ import torch
 
 from vocabbridge.engine import SamplingParams, SpecEngine, llama_cpp
 from vocabbridge.engine.factory import build_engine
+from vocabbridge.engine.invariant import probe_lone_rows
 from vocabbridge.engine.llama_cpp import MAX_ROWS, load_llama_cpp_lm, system_info
 from vocabbridge.errors import ConfigError, ModelLoadError, RequestError
 from vocabbridge.spec import EngineSpec
@@ -69,7 +70,8 @@ def test_the_load_probe_predicts_whether_a_lone_row_computes_as_a_batch_row(gguf
     monkeypatch.setattr(llama_cpp, "KV_BF16", kv_type)
     lm = load_llama_cpp_lm(str(QWEN05), invariant=True)
     lm.min_rows = 1  # unpadded, to see what one row alone computes
-    assert llama_cpp._one_row_is_invariant(lm) == _lone_row_matches_a_batch_row(lm, 420), system_info()
+    probed = probe_lone_rows(lm, most=llama_cpp.MAX_ROWS)
+    assert probed == _lone_row_matches_a_batch_row(lm, 420), system_info()
     assert gguf[True].min_rows in (1, 2)
 
 

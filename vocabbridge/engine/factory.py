@@ -52,17 +52,9 @@ class BuiltEngine:
             "adaptive_k": self.engine.adaptive_k,
             "dtype": str(self.target.dtype).replace("torch.", ""),
             "device": self.target.device,
-            "plain_step_rows": plain_step_rows(self.target),
+            "plain_step_rows": self.target.plain_rows,
             "notes": self.notes,
         }
-
-
-def plain_step_rows(target) -> int:
-    """The rows a plain one-token step of ``target`` runs (1, or the padding batch invariance needs)."""
-    if getattr(target, "invariant", False):  # llama.cpp kernels
-        return target.min_rows
-    rows = getattr(target, "rows", None)
-    return (getattr(target, "min_rows", None) or rows) if rows else 1
 
 
 def make_drafter(spec: EngineSpec, target: CausalLM, drafter_lm: CausalLM | None) -> tuple[Drafter, str, list[str]]:

@@ -48,10 +48,11 @@ def probe_lone_rows(lm, *, most: int, cells: int = PROBE_CELLS) -> bool:
     """Whether ``most`` one-token forwards give, bit for bit, the logits of one forward over the
     same tokens with 2, 3, … ``most`` rows, after a ``cells``-token prompt: then a plain step need
     not be padded. ``lm``: any backend whose sessions have ``extend(tokens, keep)`` / ``truncate``
-    and that runs its rows unpadded while probed (the caller sets ``min_rows = 1`` first). A context
+    and whose ``min_rows`` pads one-token forwards (set to 1, unpadded, while probed). A context
     too short for the probe answers no: the padded path is exact everywhere."""
     if lm.max_context < cells + most:
         return False
+    before, lm.min_rows = lm.min_rows, 1
     s = lm.session()
     try:
         s.extend([(97 * i + 13) % lm.vocab_size for i in range(cells)])
@@ -64,6 +65,7 @@ def probe_lone_rows(lm, *, most: int, cells: int = PROBE_CELLS) -> bool:
         return True
     finally:
         del s
+        lm.min_rows = before
 
 
 def probe_cached(key: list[str], probe) -> bool:
@@ -71,9 +73,9 @@ def probe_cached(key: list[str], probe) -> bool:
     library's version, the CPU, the thread count…) and kept in ``$VOCABBRIDGE_CACHE/invariance.json``."""
     import hashlib
     import json
-    import os
 
     from ..mapping.cache import cache_root
+    from ..util import atomic_write_text
 
     digest = hashlib.sha256("|".join(key).encode()).hexdigest()[:16]
     path = cache_root() / "invariance.json"
@@ -84,10 +86,7 @@ def probe_cached(key: list[str], probe) -> bool:
     if not isinstance(known.get(digest), bool):
         known[digest] = bool(probe())
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(path)
+            atomic_write_text(path, json.dumps(known, indent=1))
         except OSError:
             pass  # a read-only cache: measure again next time
     return known[digest]

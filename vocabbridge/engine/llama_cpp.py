@@ -16,7 +16,7 @@ AVX2 machine; logits within 0.9, mean 0.08, of the f16 cache's, greedy choice th
 of the positions of a code text). So a batch-invariant model (``invariant=True``, the target)
 loads without repacking, with flash attention and a bf16 KV cache, and *measures at load*
 whether one-row forwards equal the rows of 2- to 7-row ones past 256 cells
-(:func:`_one_row_is_invariant`): if it does, a plain step is one row; if not (another CPU or
+(:func:`_probed`): if it does, a plain step is one row; if not (another CPU or
 build), every one-token forward is padded to two rows (the padding sits at the next position,
 hidden by the causal mask, its KV cell removed right after). Verification runs at most
 ``MAX_ROWS`` rows per forward. Prompt chunks run as they are: plain and speculative decoding
@@ -121,6 +121,11 @@ class LlamaCppLM:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def plain_rows(self) -> int:
+        """The rows a plain one-token step runs: 1, or 2 where an invariant target's lone row computes apart."""
+        return self.min_rows if self.invariant else 1
 
     final_norm = NoHiddenStates()
 
@@ -285,8 +290,10 @@ def load_llama_cpp_lm(
 
 
 def _probed(lm: LlamaCppLM) -> bool:
-    """:func:`_one_row_is_invariant`, measured once per model file, llama.cpp build, CPU, thread
-    count and context settings (:func:`.invariant.probe_cached`; the probe prefills 300 tokens)."""
+    """Whether one-token forwards equal the rows of 2- to ``MAX_ROWS``-row ones past 256 cells
+    (:func:`.invariant.probe_lone_rows`), measured once per model file, llama.cpp build, CPU, thread
+    count and context settings (:func:`.invariant.probe_cached`): ~3 s for SmolLM2-135M, ~10 s for
+    the 1.5B on 2 cores."""
     key = [
         "llama.cpp",
         files_fingerprint(str(lm.path)),
@@ -296,18 +303,7 @@ def _probed(lm: LlamaCppLM) -> bool:
         str(lm.threads),
         f"kv {KV_BF16} fa {FLASH_ATTN_ON} rows {MAX_ROWS} cells {PROBE_CELLS}",  # what the probe ran with
     ]
-    return probe_cached(key, lambda: _one_row_is_invariant(lm))
-
-
-def _one_row_is_invariant(lm: LlamaCppLM) -> bool:
-    """Whether one-token forwards give, bit for bit, the rows of a 2- to ``MAX_ROWS``-row forward
-    over the same tokens past 256 cells (:func:`.invariant.probe_lone_rows`), the plain steps run
-    unpadded while it is measured. ~3 s for SmolLM2-135M, ~10 s for the 1.5B on 2 cores, once."""
-    before, lm.min_rows = lm.min_rows, 1
-    try:
-        return probe_lone_rows(lm, most=MAX_ROWS)
-    finally:
-        lm.min_rows = before
+    return probe_cached(key, lambda: probe_lone_rows(lm, most=MAX_ROWS))
 
 
 def _free_model(model, pool: list) -> None:

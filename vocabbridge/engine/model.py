@@ -174,6 +174,11 @@ class CausalLM:
     min_rows: int | None = None  # decode-time forwards padded to this many rows (None: to ``rows``; 1: unpadded)
 
     @property
+    def plain_rows(self) -> int:
+        """The rows a plain one-token step runs: 1, or the padding batch invariance needs."""
+        return (self.min_rows or self.rows) if self.rows else 1
+
+    @property
     def cache_kwarg(self) -> str:
         """``cache`` in recent transformers, ``past_key_values`` before."""
 
@@ -287,14 +292,7 @@ def _lone_rows_probed(lm: CausalLM) -> bool:
         f"rows {lm.rows} block {KEY_BLOCK} cells {PROBE_CELLS} v{INVARIANT_ROWS}",
     ]
 
-    def probe() -> bool:
-        lm.min_rows = 1
-        try:
-            return probe_lone_rows(lm, most=lm.rows)
-        finally:
-            lm.min_rows = None
-
-    return probe_cached(key, probe)
+    return probe_cached(key, lambda: probe_lone_rows(lm, most=lm.rows))
 
 
 class CacheSession:
