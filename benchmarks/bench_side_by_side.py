@@ -181,7 +181,8 @@ def main() -> None:
         dest="emb",
         default="auto",
         help="the embedded engine's variants, comma-separated: a target dtype (auto = fp32 on a CPU; int8 = the "
-        "batch-invariant int8 target) or llama.cpp (the engine on llama.cpp's kernels)",
+        "batch-invariant int8 target) or llama.cpp (the engine on llama.cpp's kernels); a +cost suffix (llama.cpp+cost) "
+        "runs that variant with the cost-aware draft length",
     )
     ap.add_argument("--llama-python", help="a Python with llama-cpp-python[server] (its own venv)")
     ap.add_argument("--llama-threads", type=int, default=os.cpu_count() or 2)
@@ -201,11 +202,16 @@ def main() -> None:
     s, d = args.small, args.draft
     plan = []
     variants = args.emb.split(",")
-    tags = ["emb" if v == "auto" else f"emb-{DTYPE_TAGS.get(v, v)}" for v in variants]
+    tags = []
+    for v in variants:  # "X+cost": X with the cost-aware draft length
+        x, cost = v.removesuffix("+cost"), v.endswith("+cost")
+        tags.append(("emb" if x == "auto" else f"emb-{DTYPE_TAGS.get(x, x)}") + ("+cost" if cost else ""))
     e = tags[0]
     vl = "vllm" if args.vllm_dtype == "auto" else f"vllm-{DTYPE_TAGS.get(args.vllm_dtype, args.vllm_dtype)}"
     for variant, e in zip(variants if "embedded" in engines else [], tags):
-        vspec = base.replace(kernels="llama.cpp") if variant == "llama.cpp" else base.replace(dtype=variant)
+        x = variant.removesuffix("+cost")
+        vspec = base.replace(kernels="llama.cpp") if x == "llama.cpp" else base.replace(dtype=x)
+        vspec = vspec.replace(cost_aware=variant.endswith("+cost"))
         emb = LaunchSettings(vspec, backend="embedded", launch="inprocess")
         plan.append(
             (

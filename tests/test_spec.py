@@ -41,6 +41,7 @@ CHANGED = {
     "suffix_min_prob": 0.25,
     "suffix_max_cached_requests": 0,
     "adaptive_k": True,
+    "cost_aware": True,
     "min_confidence": 0.5,
     "ngram_first": True,
     "backoff": False,

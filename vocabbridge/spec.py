@@ -199,6 +199,15 @@ class EngineSpec:
     adaptive_k: bool = _opt(
         False, "--adaptive-k", "Grow k after a fully accepted draft, shrink it after a miss.", kind="bool", off_flag="--fixed-k"
     )
+    cost_aware: bool = _opt(
+        False,
+        "--cost-aware",
+        "Draft, each step, the length with the most expected tokens per second (0 = a plain step): from this "
+        "request's acceptance per draft position and the target's measured seconds per forward by rows. For kernels on "
+        "which rows are dear (llama.cpp's on a small CPU), so that drafting never costs more than it saves.",
+        kind="bool",
+        off_flag="--no-cost-aware",
+    )
     min_confidence: float = _opt(
         0.0,
         "--min-confidence",

@@ -6,7 +6,7 @@
         draft   up to k tokens from the committed context               (drafter.propose)
         verify  one target forward over [last token, draft...]          (verify.verify: k+1 logits)
         commit  the accepted prefix + the target's own next token; roll the rejected tail out of the KV cache
-        adapt   the policies: back-off for a drafter that keeps missing, adaptive k
+        adapt   the policies (policies.py): back-off, adaptive k, cost-aware draft length
 
 Every prefill chunk is one step of the generator, so a server interleaves a long prompt with the
 other requests' decode steps and a cancelled request stops at the next chunk.
@@ -16,8 +16,8 @@ those of every position a target forward feeds (prefill chunks, verifications): 
 Every session is handed the target's own session first (``attach_target``): the ``self`` drafter
 drafts over the target's KV cache with its first layers, and crops it back before the verification.
 
-The policies are small named pieces (:class:`BackOff`, :class:`AdaptiveK`): they change what is
-proposed, never what is emitted.
+The policies are small named pieces (:mod:`.policies`: back-off, adaptive k, the cost-aware draft
+length): they change what is proposed, never what is emitted.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 from ..errors import RequestError
 from .drafters.base import Drafter, DraftSession, NoDrafter, Proposal
 from .model import CausalLM, KVSession
+from .policies import AdaptiveK, BackOff, CostAware, RowCosts
 from .sampling import SamplingParams, logits_to_probs, sample
 from .stats import SpecStats
 from .verify import verify
@@ -56,55 +57,6 @@ class GenerationResult:
     k_trace: list[int] = field(default_factory=list)
 
 
-# ==== policies ==================================================================================
-
-
-class BackOff:
-    """A drafter that keeps missing sits out: after ``after`` costly misses in a row (a step that
-    ran the drafter model more than once and had nothing accepted), drafting is skipped for 1, 2,
-    4, … (at most ``most``) steps; any accepted token resets it.
-
-    A weak drafter on text it cannot predict (SmolLM2 on Korean for a coder target) then costs
-    almost nothing instead of several drafter forwards every step. A draft the confidence gate
-    stopped after one forward is cheap and does not count; free proposals (n-gram) never back off.
-    """
-
-    def __init__(self, enabled: bool = True, *, after: int = 3, most: int = 16):
-        self.enabled, self.after, self.most = enabled, after, most
-        self.misses = self.skip = 0
-
-    def sit_out(self) -> bool:
-        """True when this step drafts nothing (and counts down the steps left)."""
-        if self.skip:
-            self.skip -= 1
-            return True
-        return False
-
-    def observe(self, accepted: int, costly: bool) -> None:
-        if accepted:
-            self.misses = 0
-        elif costly and self.enabled:
-            self.misses += 1
-            if self.misses >= self.after:
-                self.skip = min(self.most, 2 ** (self.misses - self.after))
-
-
-class AdaptiveK:
-    """k per request: +1 after a fully accepted draft, −1 after a draft rejected at its first token,
-    within [1, k_max]. A wasted draft position costs a drafter forward, and on a CPU that is not free."""
-
-    def __init__(self, k: int, k_max: int, enabled: bool):
-        self.k, self.k_max, self.enabled = k, k_max, enabled
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        if not self.enabled or not drafted:
-            return
-        if accepted == drafted:
-            self.k = min(self.k_max, self.k + 1)
-        elif accepted == 0:
-            self.k = max(1, self.k - 1)
-
-
 # ==== the engine ================================================================================
 
 
@@ -118,6 +70,7 @@ class SpecEngine:
         adaptive_k: bool = False,
         k_max: int | None = None,
         backoff: bool = True,
+        cost_aware: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
     ):
         if num_speculative_tokens < 1:
@@ -128,6 +81,8 @@ class SpecEngine:
         self.adaptive_k = adaptive_k
         self.k_max = k_max or 2 * num_speculative_tokens
         self.backoff = backoff
+        self.cost_aware = cost_aware
+        self.row_costs = RowCosts()  # the target's measured seconds per forward by rows, shared by requests
         self.prefill_chunk = prefill_chunk
         roles = target.view.roles
         self.eos_ids = frozenset(roles[r] for r in ("eos", "end_of_turn") if r in roles)
@@ -160,6 +115,7 @@ class SpecEngine:
 
         backoff = BackOff(self.backoff)
         k = AdaptiveK(self.k, self.k_max, self.adaptive_k)
+        length = CostAware(self.row_costs, self.k_max, self.cost_aware)
         try:
             for _ in session.warm(prompt + out, self.prefill_chunk):
                 yield StepOutput([])
@@ -168,11 +124,7 @@ class SpecEngine:
                 t1 = time.perf_counter()
                 budget = params.max_new_tokens - len(out)
                 forwards = session.forwards
-                if backoff.sit_out():
-                    stats.skipped_drafts += 1
-                    proposal = Proposal([])
-                else:
-                    proposal = session.propose(prompt + out, min(k.k, budget - 1), params, gen) if budget > 1 else Proposal([])
+                proposal, free = self._draft(session, prompt, out, min(k.k, budget - 1), params, gen, backoff, length, stats)
                 draft = proposal.tokens
                 t2 = time.perf_counter()
                 stats.time_draft += t2 - t1
@@ -183,16 +135,19 @@ class SpecEngine:
                 stats.target_forwards += 1
                 n_acc, nxt = verify(logits, draft, proposal.probs, params, gen)
                 target.truncate(before + 1 + n_acc)  # roll back the rejected draft tokens
-                stats.time_verify += time.perf_counter() - t2
+                t3 = time.perf_counter()
+                stats.time_verify += t3 - t2
                 stats.observe_draft(len(draft), n_acc)
 
                 # adapt
                 backoff.observe(n_acc, costly=session.forwards - forwards > 1)
                 k.observe(len(draft), n_acc)
+                length.observe_step(len(draft), n_acc, t3 - t2, t2 - t1, free)
 
                 # commit
                 emitted, finish = self._commit(draft[:n_acc] + [nxt], len(out), params, stop)
                 out += emitted
+                length.score_shadow(out)
                 stats.generated = len(out)
                 tok = out[-1]
                 if finish:
@@ -225,6 +180,32 @@ class SpecEngine:
         return GenerationResult(tokens, finish, stats, text)
 
     # ==== pieces ================================================================================
+
+    @staticmethod
+    def _draft(
+        session: DraftSession, prompt, out, cap, params, gen, backoff: BackOff, length: CostAware, stats
+    ) -> tuple[Proposal, bool]:
+        """This step's proposal and whether it was free. None while backing off or at the end of the
+        token budget. A free proposal (lookup) is made in full and cut to the cost-aware length (and
+        kept as a shadow draft when that is 0); a model is asked for no more than the cost-aware
+        length, and not run at all when that is 0."""
+        if cap <= 0:
+            return Proposal([]), False
+        if backoff.sit_out():
+            stats.skipped_drafts += 1
+            return Proposal([]), False
+        context = prompt + out
+        p = session.free_proposal(context, cap, params, gen)
+        if p is not None:
+            n = length.length(len(p.tokens), free=True)
+            if n == 0:
+                length.observe_shadow(len(out), p.tokens)
+            return Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n]), True
+        cap = length.length(cap)
+        if cap == 0:
+            stats.skipped_drafts += 1
+            return Proposal([]), False
+        return session.propose(context, cap, params, gen), False
 
     def _check(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:

@@ -50,6 +50,7 @@ class BuiltEngine:
             "mode": self.mode,
             "num_speculative_tokens": self.engine.k,
             "adaptive_k": self.engine.adaptive_k,
+            "cost_aware": self.engine.cost_aware,
             "dtype": str(self.target.dtype).replace("torch.", ""),
             "device": self.target.device,
             "plain_step_rows": self.target.plain_rows,
@@ -144,6 +145,7 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
         num_speculative_tokens=spec.num_speculative_tokens,
         adaptive_k=spec.adaptive_k,
         backoff=spec.backoff,
+        cost_aware=spec.cost_aware,
         prefill_chunk=spec.prefill_chunk,
     )
     if spec.drafter in PRESETS and PRESETS[spec.drafter].pairs_with and not spec.target:

@@ -23,7 +23,7 @@ class SpecStats:
     target_forwards: int = 0  # the prefill counts as one, however many chunks
     prefill_chunks: int = 0  # forwards the prefill took (PREFILL_CHUNK prompt tokens each)
     drafter_forwards: int = 0
-    skipped_drafts: int = 0  # steps the drafter sat out while backing off after repeated misses
+    skipped_drafts: int = 0  # steps a model drafter sat out: backing off after misses, or no draft paying for itself
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0

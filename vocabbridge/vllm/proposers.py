@@ -98,7 +98,7 @@ class VocabbridgeProposer:
     method = ""
 
     def __init__(self, vllm_config):
-        from ..engine.engine import BackOff  # torch: only inside vLLM's worker
+        from ..engine.policies import BackOff  # torch: only inside vLLM's worker
 
         self._backoff_cls = BackOff
         spec, self.drafter_source = read_config()

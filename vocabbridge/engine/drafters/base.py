@@ -23,6 +23,7 @@ class DraftSession:
 
     forwards: int = 0  # drafter model forwards so far
     reads_hidden: bool = False  # True: the engine hands it the target's hidden states (an MTP head)
+    free: bool = False  # True: proposing runs no model (n-gram, suffix), so a proposal not verified costs nothing
 
     def observe_hidden(self, start: int, hidden: torch.Tensor) -> None:
         """The target's final hidden states [n, d] of positions ``start`` … ``start + n - 1``, from
@@ -43,6 +44,14 @@ class DraftSession:
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
         """Up to ``k`` tokens to follow ``context`` (all committed target ids: prompt + output)."""
         raise NotImplementedError
+
+    def free_proposal(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal | None:
+        """This step's proposal if making it runs no model (``free``; the lookup half of ngram-first
+        when it matches), else None: the engine then decides how many tokens to ask the model for
+        before it runs (the cost-aware length)."""
+        return self.propose(context, k, params, generator) if self.free else None
 
     def finish(self, context: list[int]) -> None:
         """The request ended (finished, stopped or cancelled) with ``context``: its prompt and every
@@ -72,6 +81,8 @@ class Drafter:
 
 
 class _NoDraft(DraftSession):
+    free = True
+
     def propose(self, context, k, params, generator):
         return Proposal([])
 

@@ -36,6 +36,13 @@ class _CombinedSession(DraftSession):
     def warm(self, context, chunk):
         return self.model.warm(context, chunk)
 
+    def free_proposal(self, context, k, params, generator):
+        tokens = self.index.propose(context, k)
+        if tokens:
+            self.ngram_drafts += 1
+            return Proposal(tokens)
+        return None
+
     def propose(self, context, k, params, generator):
         tokens = self.index.propose(context, k)
         if tokens:

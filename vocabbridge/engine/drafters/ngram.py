@@ -54,6 +54,8 @@ class NgramIndex:
 
 
 class _NgramSession(DraftSession):
+    free = True
+
     def __init__(self, min_n: int, max_n: int):
         self.index = NgramIndex(min_n, max_n)
 
@@ -128,6 +130,8 @@ class NgramMap:
 
 
 class _NgramMapSession(DraftSession):
+    free = True
+
     def __init__(self, n: int, m: int, min_hits: int):
         self.map = NgramMap(n, m, min_hits)
 

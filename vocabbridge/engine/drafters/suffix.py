@@ -315,6 +315,8 @@ class SuffixTree:
 
 
 class _SuffixSession(DraftSession):
+    free = True
+
     def __init__(self, drafter: SuffixDrafter, prompt: list[int]):
         self.drafter = drafter
         self.own = SuffixTree(drafter.max_depth)  # prompt + output
