@@ -83,13 +83,17 @@ def test_free_and_model_proposals_are_scored_apart_and_a_model_that_sat_out_is_t
     policy = CostAware(_costs(0.100, 0.050), positions=4, enabled=True)
     for _ in range(12):  # 24 forwards: the plain step's cost is still fresh (REMEASURE)
         policy.observe_step(4, 4, 0.31, 0.0, free=True)  # lookup: always right
-        policy.observe_step(4, 0, 0.31, 0.2)  # the model: always wrong, 50 ms a token
+        policy.observe_step(4, 0, 0.31, 0.04)  # the model: always wrong, 10 ms a token
     assert policy.length(4, free=True) == 4 and policy.length(4) == 0
     for _ in range(EXPLORE):
         policy.observe_step(0, 0, 0.1, 0.0)
     assert policy.length(4) == 4  # sat out long enough: one full draft, to see whether it does better now
-    policy.observe_step(4, 0, 0.31, 0.2)
+    policy.observe_step(4, 0, 0.31, 0.04)
     assert policy.length(4) == 0
+    policy.observe_step(4, 0, 0.31, 4.0)  # a model so slow (~0.3 s a token) that no draft of it could pay
+    for _ in range(EXPLORE):
+        policy.observe_step(0, 0, 0.1, 0.0)
+    assert policy.length(4) == 0  # not explored again
 
 
 def test_a_shadow_draft_is_scored_against_what_the_target_emitted():

@@ -184,7 +184,8 @@ class CostAware:
     Proposals that cost nothing (n-gram, suffix, the n-gram half of ngram-first) and those a model
     made are scored apart (``free`` / ``acceptance``): a lookup match and a small model's guess are
     right at very different rates. A model that sat out ``EXPLORE`` steps drafts once in full, so a
-    drafter whose record (or the cautious prior) says no is still tried now and then.
+    drafter whose record (or the cautious prior) says no is still tried now and then, unless even a
+    draft accepted in full would not pay at the measured costs.
 
     Off (``enabled=False``) it always answers ``cap``. Until the target's cost of one row is known it
     answers 0 once (the plain step that measures it), and again when that figure is ``REMEASURE``
@@ -208,7 +209,7 @@ class CostAware:
         if self.costs.age(1) > REMEASURE:  # the baseline drifts (context length, a busy machine): a plain step re-measures it
             return 0
         if not free and self.idle >= EXPLORE:
-            return cap
+            return cap if self._could_pay(cap) else 0
         acceptance, per_token = (self.free, 0.0) if free else (self.acceptance, self.draft_seconds)
         best, best_rate = 0, 1.0 / self.costs.seconds(1)
         for d in range(1, cap + 1):
@@ -216,6 +217,12 @@ class CostAware:
             if rate > best_rate:
                 best, best_rate = d, rate
         return best
+
+    def _could_pay(self, cap: int) -> bool:
+        """Whether some draft of the model's, every token of it accepted, would beat a plain step at
+        the measured costs (a drafter too slow for these kernels is not explored again)."""
+        one = self.costs.seconds(1)
+        return any((d + 1) / (self.costs.seconds(d + 1) + d * self.draft_seconds) > 1.0 / one for d in range(1, cap + 1))
 
     def observe_step(self, drafted: int, accepted: int, verify_seconds: float, draft_seconds: float, free: bool = False) -> None:
         """One verification: its rows' cost, a model's cost per token, and what was accepted."""
