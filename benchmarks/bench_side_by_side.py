@@ -127,7 +127,7 @@ def identical(configs, engine_none) -> dict[str, str]:
     """Per configuration: how many measured answers are the same text as its engine's plain ones."""
     out = {}
     for c in configs:
-        base = engine_none.get(c.name.split(":", 1)[0])
+        base = engine_none.get(c.name.split(":", 1)[0].removesuffix("+cost"))  # a +cost variant: its plain is the same
         if base is None or c.error:
             continue
         ref = {(r.prompt_id, r.repeat): r.completion.text for r in base.requests if r.ok}
@@ -149,7 +149,7 @@ def summary(configs, engine_none, ident, levels) -> str:
             rows.append(f"| {c.name} | failed: {c.error.splitlines()[0][:80]} |" + " |" * (9 + len(levels)))
             continue
         o = c.overall
-        base = engine_none.get(c.name.split(":", 1)[0])
+        base = engine_none.get(c.name.split(":", 1)[0].removesuffix("+cost"))  # a +cost variant: its plain is the same
         own = o.decode_tokens_per_second / base.overall.decode_tokens_per_second if base and o.decode_tokens_per_second else None
         vs = o.decode_tokens_per_second / llama.overall.decode_tokens_per_second if llama and o.decode_tokens_per_second else None
         pos = " / ".join(f"{100 * p:.0f}" for p in o.per_position_acceptance) or "—"
