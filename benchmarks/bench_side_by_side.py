@@ -123,11 +123,16 @@ def llama_server(python: str, gguf: str, *, threads: int, ctx: int, lookup: int 
         logf.close()
 
 
+def own_plain(c, engine_none):
+    """The plain run of ``c``'s engine variant (a +cost variant's is its variant's own)."""
+    return engine_none.get(c.name.split(":", 1)[0].removesuffix("+cost"))
+
+
 def identical(configs, engine_none) -> dict[str, str]:
     """Per configuration: how many measured answers are the same text as its engine's plain ones."""
     out = {}
     for c in configs:
-        base = engine_none.get(c.name.split(":", 1)[0].removesuffix("+cost"))  # a +cost variant: its plain is the same
+        base = own_plain(c, engine_none)
         if base is None or c.error:
             continue
         ref = {(r.prompt_id, r.repeat): r.completion.text for r in base.requests if r.ok}
@@ -149,7 +154,7 @@ def summary(configs, engine_none, ident, levels) -> str:
             rows.append(f"| {c.name} | failed: {c.error.splitlines()[0][:80]} |" + " |" * (9 + len(levels)))
             continue
         o = c.overall
-        base = engine_none.get(c.name.split(":", 1)[0].removesuffix("+cost"))  # a +cost variant: its plain is the same
+        base = own_plain(c, engine_none)
         own = o.decode_tokens_per_second / base.overall.decode_tokens_per_second if base and o.decode_tokens_per_second else None
         vs = o.decode_tokens_per_second / llama.overall.decode_tokens_per_second if llama and o.decode_tokens_per_second else None
         pos = " / ".join(f"{100 * p:.0f}" for p in o.per_position_acceptance) or "—"
@@ -201,17 +206,13 @@ def main() -> None:
     base = EngineSpec(target=args.target, num_speculative_tokens=args.k, min_confidence=args.min_confidence)
     s, d = args.small, args.draft
     plan = []
-    variants = args.emb.split(",")
-    tags = []
-    for v in variants:  # "X+cost": X with the cost-aware draft length
-        x, cost = v.removesuffix("+cost"), v.endswith("+cost")
-        tags.append(("emb" if x == "auto" else f"emb-{DTYPE_TAGS.get(x, x)}") + ("+cost" if cost else ""))
+    variants = [(v.removesuffix("+cost"), v.endswith("+cost")) for v in args.emb.split(",")]  # "X+cost": cost-aware
+    tags = [("emb" if x == "auto" else f"emb-{DTYPE_TAGS.get(x, x)}") + ("+cost" if cost else "") for x, cost in variants]
     e = tags[0]
     vl = "vllm" if args.vllm_dtype == "auto" else f"vllm-{DTYPE_TAGS.get(args.vllm_dtype, args.vllm_dtype)}"
-    for variant, e in zip(variants if "embedded" in engines else [], tags):
-        x = variant.removesuffix("+cost")
+    for (x, cost), e in zip(variants if "embedded" in engines else [], tags):
         vspec = base.replace(kernels="llama.cpp") if x == "llama.cpp" else base.replace(dtype=x)
-        vspec = vspec.replace(cost_aware=variant.endswith("+cost"))
+        vspec = vspec.replace(cost_aware=cost)
         emb = LaunchSettings(vspec, backend="embedded", launch="inprocess")
         plan.append(
             (

@@ -9,7 +9,7 @@ from vocabbridge.engine import NgramDrafter, SamplingParams, SpecEngine
 from vocabbridge.engine.drafters import NgramFirstDrafter
 from vocabbridge.engine.policies import EXPLORE, REMEASURE, Acceptance, CostAware, RowCosts
 
-from .test_engine import PROMPTS, drafters
+from .test_engine import PROMPTS, drafters, plain  # noqa: F401 (plain: the plain greedy outputs, a fixture)
 
 
 def _costs(first: float, per_row: float, rows=(1, 5)) -> RowCosts:
@@ -106,13 +106,6 @@ def test_a_shadow_draft_is_scored_against_what_the_target_emitted():
 
 
 # ==== in the engine ==============================================================================
-
-
-@pytest.fixture(scope="module")
-def plain(tiny):
-    t = tiny["target"]
-    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
-    return {p: SpecEngine(t).generate(t.view.encode(p), params).tokens for p in PROMPTS}
 
 
 @pytest.mark.parametrize("name", ["ngram", "ngram-map", "suffix", "draft", "self", "text-spm", "ngram+draft"])

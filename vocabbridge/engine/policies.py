@@ -213,16 +213,20 @@ class CostAware:
         acceptance, per_token = (self.free, 0.0) if free else (self.acceptance, self.draft_seconds)
         best, best_rate = 0, 1.0 / self.costs.seconds(1)
         for d in range(1, cap + 1):
-            rate = acceptance.expected_tokens(d) / (self.costs.seconds(d + 1) + d * per_token)
+            rate = acceptance.expected_tokens(d) / self._step_seconds(d, per_token)
             if rate > best_rate:
                 best, best_rate = d, rate
         return best
 
+    def _step_seconds(self, d: int, per_token: float) -> float:
+        """A step with a draft of ``d``: the target's forward over d+1 rows and the drafter's d tokens."""
+        return self.costs.seconds(d + 1) + d * per_token
+
     def _could_pay(self, cap: int) -> bool:
         """Whether some draft of the model's, every token of it accepted, would beat a plain step at
         the measured costs (a drafter too slow for these kernels is not explored again)."""
-        one = self.costs.seconds(1)
-        return any((d + 1) / (self.costs.seconds(d + 1) + d * self.draft_seconds) > 1.0 / one for d in range(1, cap + 1))
+        plain = 1.0 / self.costs.seconds(1)
+        return any((d + 1) / self._step_seconds(d, self.draft_seconds) > plain for d in range(1, cap + 1))
 
     def observe_step(self, drafted: int, accepted: int, verify_seconds: float, draft_seconds: float, free: bool = False) -> None:
         """One verification: its rows' cost, a model's cost per token, and what was accepted."""

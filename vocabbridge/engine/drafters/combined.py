@@ -44,11 +44,8 @@ class _CombinedSession(DraftSession):
         return None
 
     def propose(self, context, k, params, generator):
-        tokens = self.index.propose(context, k)
-        if tokens:
-            self.ngram_drafts += 1
-            return Proposal(tokens)
-        return self.model.propose(context, k, params, generator)
+        p = self.free_proposal(context, k, params, generator)
+        return p if p is not None else self.model.propose(context, k, params, generator)
 
     def finish(self, context):
         self.model.finish(context)
