@@ -11,8 +11,9 @@
 Every prefill chunk is one step of the generator, so a server interleaves a long prompt with the
 other requests' decode steps and a cancelled request stops at the next chunk.
 
-A drafter that reads the target's hidden states (an MTP head, ``DraftSession.reads_hidden``) gets
-those of every position a target forward feeds (prefill chunks, verifications): no extra pass.
+A drafter that reads the target's hidden states (an MTP or EAGLE-3 head, ``DraftSession.reads_hidden``:
+the final ones, or the residual streams entering chosen layers) gets those of every position a
+target forward feeds (prefill chunks, verifications): no extra pass.
 Every session is handed the target's own session first (``attach_target``): the ``self`` drafter
 drafts over the target's KV cache with its first layers, and crops it back before the verification.
 
@@ -234,7 +235,7 @@ class SpecEngine:
         if not session.reads_hidden:
             return target.extend(tokens, keep=keep)
         start = len(target)
-        logits, hidden = target.extend(tokens, keep=keep, hidden=True)
+        logits, hidden = target.extend(tokens, keep=keep, hidden=session.reads_hidden)
         session.observe_hidden(start, hidden)
         return logits
 

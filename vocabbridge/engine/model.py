@@ -191,11 +191,15 @@ class CausalLM:
         return KVSession(self)
 
     @functools.cached_property
+    def decoder(self) -> torch.nn.Module:
+        """The decoder stack (``layers`` and the final ``norm``), inside a multimodal wrapper too."""
+        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        return getattr(base, "language_model", base) if not hasattr(base, "norm") else base
+
+    @property
     def final_norm(self) -> torch.nn.Module:
         """The decoder's final norm (its output is what the lm_head reads: an MTP head's input)."""
-        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
-        base = getattr(base, "language_model", base) if not hasattr(base, "norm") else base
-        return base.norm
+        return self.decoder.norm
 
     @property
     def name(self) -> str:
@@ -295,6 +299,28 @@ def _lone_rows_probed(lm: CausalLM) -> bool:
     return probe_cached(key, lambda: probe_lone_rows(lm, most=lm.rows))
 
 
+@contextlib.contextmanager
+def capture_streams(base: torch.nn.Module, layers: tuple[int, ...]):
+    """While inside, ``streams()`` returns the residual streams entering ``layers`` of the decoder stack
+    ``base`` (its ``layers`` and final ``norm``) in its last forward, concatenated: [B, S, len(layers)·d]
+    (None without layers). Layer index ``len(base.layers)`` is the final norm's input."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(i):
+        def hook(module, args, kwargs):
+            seen[i] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    n = len(base.layers)
+    handles = [(base.layers[i] if i < n else base.norm).register_forward_pre_hook(keep(i), with_kwargs=True) for i in layers]
+    try:
+        yield (lambda: torch.cat([seen[i] for i in layers], dim=-1)) if layers else (lambda: None)
+    finally:
+        for h in handles:
+            h.remove()
+
+
 class CacheSession:
     """What every session over a model's KV cache shares: ``ids`` (the tokens the cache holds, in
     order), ``extend`` and ``truncate`` (defined by each backend), and ``sync`` on top of them."""
@@ -304,7 +330,7 @@ class CacheSession:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool = False):
+    def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool | tuple[int, ...] = False):
         raise NotImplementedError
 
     def truncate(self, n: int) -> None:
@@ -332,12 +358,14 @@ class KVSession(CacheSession):
         self.ids: list[int] = []
 
     @torch.inference_mode()
-    def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool = False):
+    def extend(self, tokens: list[int], *, keep: int = 1, hidden: bool | tuple[int, ...] = False):
         """Feed ``tokens``; return float32 logits of the last ``keep`` positions: [keep, V].
 
         ``hidden=True`` returns ``(logits, hidden)``, hidden being the final hidden state (after the
         final norm: what the lm_head reads) of every fed position, [len(tokens), d], from the same
-        forward: what an MTP head drafts from.
+        forward: what an MTP head drafts from. ``hidden=(i, j, …)`` returns instead the residual
+        streams entering layers i, j, … (the layer count: the final norm's input), concatenated,
+        [len(tokens), m·d]: what an EAGLE-3 head drafts from.
         """
         if not tokens:
             raise ValueError("extend() needs at least one token")
@@ -362,17 +390,19 @@ class KVSession(CacheSession):
         logits = torch.cat(logits)  # [keep, V]
         return (logits, torch.cat(hiddens)) if hidden else logits
 
-    def _forward(self, tokens: list[int], keep: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, tokens: list[int], keep: int, hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = torch.tensor([tokens], dtype=torch.long, device=self.lm.device)  # [1, S]
         kv = {self.lm.cache_kwarg: self.cache}
         seen: list[torch.Tensor] = []  # the final norm's output, caught on its way to the lm_head
-        hook = self.lm.final_norm.register_forward_hook(lambda m, i, o: seen.append(o)) if hidden else None
+        hook = self.lm.final_norm.register_forward_hook(lambda m, i, o: seen.append(o)) if hidden is True else None
         try:
-            out = self.lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **kv)
+            with capture_streams(self.lm.decoder, hidden if isinstance(hidden, tuple) else ()) as streams:
+                out = self.lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **kv)
+                feats = seen[-1] if hidden is True else streams()
         finally:
             if hook is not None:
                 hook.remove()
-        return out.logits[0, -keep:].float(), (seen[-1][0].float() if hidden else None)
+        return out.logits[0, -keep:].float(), (feats[0].float() if feats is not None else None)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` cached tokens (rollback after a rejection)."""

@@ -18,14 +18,14 @@ import torch
 from transformers import DynamicCache
 
 from .data import Sequence
-from .model import MTPHead, norm_scale
+from .model import DraftHead, norm_scale
 
 # ==== batches =====================================================================================
 
 
 @dataclass
 class Batch:
-    hidden: torch.Tensor  # [B, L, d] the target's hidden states
+    hidden: torch.Tensor  # [B, L, F] the target's features the head reads (final hidden states, d; EAGLE-3: n·d)
     next_hidden: torch.Tensor  # [B, L, d] the target's hidden state one position on (what the head should output)
     next_tokens: torch.Tensor  # [B, L] x_{p+1}
     positions: torch.Tensor  # [B, L]
@@ -39,13 +39,14 @@ class Batch:
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
-def collate(seqs: list[Sequence], t2d: torch.Tensor, max_len: int) -> Batch:
-    """Pad sequences into one batch; labels move to draft ids (mass outside the draft vocabulary is dropped)."""
+def collate(seqs: list[Sequence], t2d: torch.Tensor, max_len: int, *, features: str = "hidden") -> Batch:
+    """Pad sequences into one batch; labels move to draft ids (mass outside the draft vocabulary is dropped).
+    ``features``: what the head reads, ``hidden`` (the final hidden state) or ``aux`` (EAGLE-3's layers)."""
     lens = [min(s.positions, max_len) for s in seqs]
     b, length, d = len(seqs), max(lens), seqs[0].hidden.shape[1]
     k = seqs[0].topk_ids.shape[1]
     out = Batch(
-        hidden=torch.zeros(b, length, d),
+        hidden=torch.zeros(b, length, features_of(seqs[0], features).shape[1]),
         next_hidden=torch.zeros(b, length, d),
         next_tokens=torch.zeros(b, length, dtype=torch.long),
         positions=torch.arange(length).expand(b, length).clone(),
@@ -56,7 +57,7 @@ def collate(seqs: list[Sequence], t2d: torch.Tensor, max_len: int) -> Batch:
         generated=torch.zeros(b, length, dtype=torch.bool),
     )
     for i, (s, n) in enumerate(zip(seqs, lens)):
-        out.hidden[i, :n] = s.hidden[:n].float()
+        out.hidden[i, :n] = features_of(s, features)[:n].float()
         out.next_hidden[i, : n - 1] = s.hidden[1:n].float()
         out.next_tokens[i, :n] = s.tokens[1 : n + 1]
         m = n - 1  # positions with a label: p ≤ n-2 (the label is position p+1's distribution)
@@ -69,6 +70,14 @@ def collate(seqs: list[Sequence], t2d: torch.Tensor, max_len: int) -> Batch:
         out.valid[i, :m] = p.sum(-1) > 0
         out.generated[i, :m] = torch.arange(1, m + 1) >= s.gen_start
     return out
+
+
+def features_of(s: Sequence, features: str) -> torch.Tensor:
+    """A sequence's features of one kind ([n-1, F]); a clear error when its data were made without them."""
+    t = getattr(s, features)
+    if t is None:
+        raise ValueError(f"these data hold no {features!r} features (made for another head architecture)")
+    return t
 
 
 def batches(seqs: list[Sequence], *, batch_tokens: int, rng: random.Random) -> list[list[Sequence]]:
@@ -134,26 +143,29 @@ class _Normal:
 
 
 @torch.no_grad()
-def fit_projection(head: MTPHead, seqs: list[Sequence], *, ridge: float = 1e-3, rows: int = 8192) -> float:
-    """Set ``eh_proj`` to the ridge regression of h_{t+1} on the head's inputs (see above); R²."""
+def fit_projection(head: DraftHead, seqs: list[Sequence], *, ridge: float = 1e-3, rows: int = 8192) -> float:
+    """Set the head's input projection (the MTP head's ``eh_proj``, EAGLE-3's ``fc``) to the ridge
+    regression of h_{t+1} on what it reads (see above); R²."""
     d = head.parts.hidden_size
-    dev = head.eh_proj.weight.device
+    proj = head.projection
+    dev = proj.weight.device
     w = norm_scale(head.norm).float().to(dev)
-    normal = _Normal(2 * d, d, dev)
+    normal = _Normal(proj.in_features, d, dev)
     pending: list[tuple[torch.Tensor, ...]] = []
 
     def flush():
         if pending:
             h, tok, pos, nxt = (torch.cat(t).to(dev) for t in zip(*pending))
             pending.clear()
-            normal.add(head.inputs(h[None], tok[None], pos[None])[0], nxt / w)
+            normal.add(head.projection_inputs(h[None], tok[None], pos[None])[0], nxt / w)
 
     held = 0
     for s in seqs:
         n = min(s.positions, len(s.tokens) - 1)
         if n < 2:
             continue
-        pending.append((s.hidden[: n - 1].float(), s.tokens[1:n], torch.arange(n - 1), s.hidden[1:n].float()))
+        feats = features_of(s, head.features)
+        pending.append((feats[: n - 1].float(), s.tokens[1:n], torch.arange(n - 1), s.hidden[1:n].float()))
         held += n - 1
         if held >= rows:
             flush()
@@ -162,11 +174,11 @@ def fit_projection(head: MTPHead, seqs: list[Sequence], *, ridge: float = 1e-3, 
     if normal.count == 0:
         return float("nan")
     m, r2 = normal.solve(ridge)
-    head.eh_proj.weight.copy_(m.T.to(head.eh_proj.weight.dtype))
+    proj.weight.copy_(m.T.to(proj.weight.dtype))
     return r2
 
 
-def residual_output(head: MTPHead, name: str) -> torch.nn.Linear | None:
+def residual_output(head: DraftHead, name: str) -> torch.nn.Linear | None:
     """The layer's ``self_attn.o_proj`` / ``mlp.down_proj`` where it is a plain Linear (None otherwise:
     a mixture of experts, another naming)."""
     module = dict(head.layer.named_modules()).get(name)
@@ -175,7 +187,7 @@ def residual_output(head: MTPHead, name: str) -> torch.nn.Linear | None:
 
 @torch.no_grad()
 def output_normal_equations(
-    head: MTPHead,
+    head: DraftHead,
     module: torch.nn.Linear,
     seqs: list[Sequence],
     t2d: torch.Tensor,
@@ -194,9 +206,10 @@ def output_normal_equations(
     normal = _Normal(module.in_features, head.parts.hidden_size, dev)
     try:
         for group in batches(seqs, batch_tokens=batch_tokens, rng=random.Random(0)):
-            b = collate(group, t2d, batch_tokens).to(dev)
+            b = collate(group, t2d, batch_tokens, features=head.features).to(dev)
             feats.clear()
-            out = head.layer_output(b.hidden, b.next_tokens, b.positions, mask=chain_mask(b.hidden.shape[1], 1, device=dev))
+            mask = chain_mask(b.hidden.shape[1], 1, device=dev)
+            out = head.layer_output(head.combine(b.hidden), b.next_tokens, b.positions, mask=mask)
             keep = b.valid
             normal.add(feats[-1][keep], b.next_hidden[keep] / w - out[keep].float())
             if normal.count >= max_positions:
@@ -208,7 +221,7 @@ def output_normal_equations(
 
 @torch.no_grad()
 def fit_output(
-    head: MTPHead,
+    head: DraftHead,
     module: torch.nn.Linear,
     seqs: list[Sequence],
     t2d: torch.Tensor,
@@ -226,9 +239,9 @@ def fit_output(
     return r2
 
 
-def least_squares_start(head: MTPHead, seqs: list[Sequence], t2d: torch.Tensor, *, say=None) -> dict[str, float]:
-    """Both fits in order (eh_proj, then the MLP's down_proj); the R² of each."""
-    out = {"eh_proj": fit_projection(head, seqs)}
+def least_squares_start(head: DraftHead, seqs: list[Sequence], t2d: torch.Tensor, *, say=None) -> dict[str, float]:
+    """Both fits in order (the input projection: eh_proj or fc, then the MLP's down_proj); the R² of each."""
+    out = {"eh_proj" if head.arch == "mtp" else "fc": fit_projection(head, seqs)}
     mlp = residual_output(head, "mlp.down_proj")
     if mlp is not None:
         out["mlp.down_proj"] = fit_output(head, mlp, seqs, t2d)
@@ -255,11 +268,11 @@ def chain_mask(length: int, step: int, *, device=None) -> torch.Tensor:
     return torch.cat(blocks, dim=1)[None, None]
 
 
-def chain(head: MTPHead, batch: Batch, depth: int) -> list[torch.Tensor]:
-    """The head's outputs [B, L, d] for chained steps 1 … depth (see the module docstring)."""
+def chain(head: DraftHead, batch: Batch, depth: int) -> list[torch.Tensor]:
+    """The head's states [B, L, d] for chained steps 1 … depth (see the module docstring)."""
     cache = DynamicCache()
     outs: list[torch.Tensor] = []
-    g = batch.hidden
+    g = head.combine(batch.hidden)
     for d in range(1, depth + 1):
         if d > 1:
             g = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)  # step d reads step d−1 at p−1
@@ -286,7 +299,7 @@ def hidden_mse(g: torch.Tensor, batch: Batch, valid: torch.Tensor) -> torch.Tens
 
 
 def chain_loss(
-    head: MTPHead, batch: Batch, depth: int, step_weight: float, hidden_weight: float = 0.0
+    head: DraftHead, batch: Batch, depth: int, step_weight: float, hidden_weight: float = 0.0
 ) -> tuple[torch.Tensor, list[float]]:
     """The weighted loss over chained steps (soft cross-entropy, plus ``hidden_weight`` × the feature
     loss), and each step's cross-entropy."""
@@ -295,7 +308,7 @@ def chain_loss(
     for d, g in enumerate(outs, start=1):
         valid = batch.valid & (batch.positions >= d - 1)
         ce = soft_ce(head.logits(g), batch, valid)
-        loss = ce + hidden_weight * hidden_mse(g, batch, valid) if hidden_weight else ce
+        loss = ce + hidden_weight * hidden_mse(head.final_hidden(g), batch, valid) if hidden_weight else ce
         w = step_weight ** (d - 1)
         total = total + w * loss
         weights += w
@@ -308,7 +321,7 @@ def chain_loss(
 
 @torch.inference_mode()
 def evaluate(
-    head: MTPHead,
+    head: DraftHead,
     seqs: list[Sequence],
     t2d: torch.Tensor,
     *,
@@ -324,12 +337,12 @@ def evaluate(
     as vLLM runs our export (``acceptance_per_position_full_vocab``)."""
     d2t = head.d2t.to(device) if head.d2t is not None else None
     scorers = {"": lambda g: d2t[head.logits(g).argmax(-1)] if d2t is not None else head.logits(g).argmax(-1)}
-    if full_vocab and head.lm_head is not None:
+    if full_vocab and head.lm_head is not None and head.arch == "mtp":  # what vLLM runs of the MTP head's export
         scorers["_full_vocab"] = lambda g: head.parts.lm_head(g).argmax(-1)
     accepted = {name: [0] * k for name in scorers}
     windows, loss_sum, loss_n = 0, 0.0, 0
     for group in batches(seqs, batch_tokens=batch_tokens, rng=random.Random(0)):
-        b = collate(group, t2d, batch_tokens).to(device)
+        b = collate(group, t2d, batch_tokens, features=head.features).to(device)
         with autocast():
             outs = chain(head, b, k)
             loss_sum += float(soft_ce(head.logits(outs[0]), b, b.valid)) * int(b.valid.sum())

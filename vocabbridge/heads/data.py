@@ -12,6 +12,8 @@ Per sequence of n tokens (prompt + continuation), positions 0 … n−2 carry fe
     hidden   [n−1, d]   float16  final hidden state after tokens[i] (what the lm_head reads)
     topk_ids [n−1, K]   int32    the target's K likeliest next tokens after tokens[:i+1]
     topk_p   [n−1, K]   float16  their probabilities (the soft labels)
+    aux      [n−1, m·d] float16  for EAGLE-3 heads: the residual streams entering m chosen layers
+                                 (the layer count standing for the final norm's input), concatenated
     gen_start           int      index of the first generated token
 
 Shards (one per generation batch) are safetensors files under ``train/data/``; a manifest lists the
@@ -36,6 +38,7 @@ from transformers import DynamicCache
 
 from ..bench.prompts import Prompt, load_prompts
 from ..chat import render_chat
+from ..engine.model import capture_streams
 from ..errors import InputFileError
 from ..util import atomic_write_text
 from .model import decoder_of
@@ -53,6 +56,7 @@ class Sequence:
     topk_p: torch.Tensor  # [n-1, K] float16
     gen_start: int
     prompt_id: str = ""
+    aux: torch.Tensor | None = None  # [n-1, m·d] float16 (EAGLE-3 heads' features), None when not asked for
 
     @property
     def positions(self) -> int:
@@ -108,13 +112,26 @@ def _topk(model, hidden: torch.Tensor, k: int, chunk: int = 256) -> tuple[torch.
 
 @torch.inference_mode()
 def generate_batch(
-    model, prompts: list[list[int]], *, max_new_tokens: int, stop_ids: set[int], top_k: int, pad_id: int = 0
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    top_k: int,
+    pad_id: int = 0,
+    aux_layers: tuple[int, ...] = (),
 ) -> list[Sequence]:
-    """Greedy continuations of ``prompts`` (left-padded into one batch) with their features. A row
-    that has finished (a stop token or ``max_new_tokens``) leaves the batch and the KV cache, so the
-    long answers do not make the short ones pay for their steps."""
-    dev = model.get_input_embeddings().weight.device
+    """Greedy continuations of ``prompts`` (left-padded into one batch) with their features (and the
+    residual streams entering ``aux_layers``, for an EAGLE-3 head). A row that has finished (a stop
+    token or ``max_new_tokens``) leaves the batch and the KV cache, so the long answers do not make
+    the short ones pay for their steps."""
     base = decoder_of(model)
+    with capture_streams(base, aux_layers) as streams:
+        return _generate(model, base, prompts, streams, max_new_tokens, stop_ids, top_k, pad_id)
+
+
+def _generate(model, base, prompts, streams, max_new_tokens, stop_ids, top_k, pad_id) -> list[Sequence]:
+    dev = model.get_input_embeddings().weight.device
     b, t = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((b, t), pad_id, dtype=torch.long)
     mask = torch.zeros((b, t), dtype=torch.long)
@@ -126,8 +143,10 @@ def generate_batch(
     cache = DynamicCache()
     kw = {"cache" if "cache" in _forward_params(base) else "past_key_values": cache}
     h = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw).last_hidden_state  # [b, t, d]
+    a = streams()  # [b, t, m·d] or None
 
     hid: list[list[torch.Tensor]] = [[h[i, t - len(p) :].half().cpu()] for i, p in enumerate(prompts)]
+    aux: list[list[torch.Tensor]] = [[a[i, t - len(p) :].half().cpu()] if a is not None else [] for i, p in enumerate(prompts)]
     tk_ids: list[list[torch.Tensor]] = []
     tk_p: list[list[torch.Tensor]] = []
     nxt = []
@@ -153,10 +172,14 @@ def generate_batch(
         mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
         last_pos = last_pos + 1
         h = base(input_ids=step, attention_mask=mask, position_ids=last_pos[:, None], use_cache=True, **kw).last_hidden_state
+        a = streams()
         best, ti, tp = _topk(model, h[:, -1], top_k)
         h, ti, tp = h[:, -1:].half().cpu(), ti.cpu(), tp.cpu()
+        a = a[:, -1:].half().cpu() if a is not None else None
         for j, i in enumerate(live):
             hid[i].append(h[j])
+            if a is not None:
+                aux[i].append(a[j])
             tk_ids[i].append(ti[j : j + 1])
             tk_p[i].append(tp[j : j + 1])
             nxt[i] = int(best[j])
@@ -169,6 +192,7 @@ def generate_batch(
             topk_ids=torch.cat(tk_ids[i]),
             topk_p=torch.cat(tk_p[i]),
             gen_start=len(p),
+            aux=torch.cat(aux[i]) if aux[i] else None,
         )
         for i, p in enumerate(prompts)
     ]
@@ -192,6 +216,8 @@ def save_shard(seqs: list[Sequence], path: Path) -> None:
         "lengths": lengths,
         "gen_start": torch.tensor([s.gen_start for s in seqs]),
     }
+    if seqs and seqs[0].aux is not None:
+        state["aux"] = torch.cat([s.aux for s in seqs]).contiguous()
     save_tensors(state, path, metadata={"prompt_ids": json.dumps([s.prompt_id for s in seqs])})
 
 
@@ -209,6 +235,7 @@ def load_shard(path: Path) -> list[Sequence]:
                 topk_p=st["topk_p"][b : b + n - 1],
                 gen_start=g,
                 prompt_id=ids[i] if i < len(ids) else "",
+                aux=st["aux"][b : b + n - 1] if "aux" in st else None,
             )
         )
         a, b = a + n, b + n - 1
@@ -241,6 +268,7 @@ def generate_data(
     progress,
     deadline: float | None = None,
     settings: dict | None = None,
+    aux_layers: tuple[int, ...] = (),
 ) -> list[Path]:
     """Generate every batch of ``plan`` not already on disk under ``folder`` (with a ``deadline``
     on ``time.perf_counter()``, no batch that would end after it starts, two batches at least);
@@ -265,7 +293,13 @@ def generate_data(
             break  # the next batch would end after the deadline (or the deadline has passed already)
         t = time.perf_counter()
         seqs = generate_batch(
-            model, [ids for _, ids in batch], max_new_tokens=max_new_tokens, stop_ids=stop_ids, top_k=top_k, pad_id=pad_id
+            model,
+            [ids for _, ids in batch],
+            max_new_tokens=max_new_tokens,
+            stop_ids=stop_ids,
+            top_k=top_k,
+            pad_id=pad_id,
+            aux_layers=aux_layers,
         )
         for s, (pid, _) in zip(seqs, batch):
             s.prompt_id = pid

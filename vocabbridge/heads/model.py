@@ -93,28 +93,32 @@ def build_layer(parts: TargetParts, layer_index: int) -> nn.Module:
     return layer
 
 
-class MTPHead(nn.Module):
-    """enorm, hnorm, eh_proj, one decoder layer and a final norm; the lm_head rows it drafts over
-    (the target's own lm_head, shared, when it drafts over the whole vocabulary)."""
+class DraftHead(nn.Module):
+    """What every head shares: the target's borrowed parts, the lm_head rows it drafts over (``d2t``:
+    draft id → target id; the target's own lm_head, shared, when it drafts over the whole vocabulary),
+    and one interface the trainer and the engine drive:
+
+    - ``combine(features)``: the target's features as the head reads them (identity for the MTP head;
+      EAGLE-3's ``fc`` over several layers' hidden states);
+    - ``forward(state, tokens, positions, cache=, mask=)``: one step; the state it returns is the
+      next step's input (the layer re-runs on its own output for k > 1);
+    - ``logits(state)``: that state's draft-vocabulary logits.
+    """
+
+    arch = ""
+    features = "hidden"  # which target features the data stores for it: the final hidden state, or "aux" (EAGLE-3)
 
     def __init__(self, parts: TargetParts, *, layer_index: int, draft_ids: torch.Tensor | None):
         super().__init__()
         d = parts.hidden_size
         self.parts = parts  # a plain attribute: borrowed modules stay out of state_dict() and parameters()
         self.layer_index = layer_index
-        self.enorm = _norm_like(parts)
-        self.hnorm = _norm_like(parts)
-        self.eh_proj = nn.Linear(2 * d, d, bias=False)
-        self.layer = build_layer(parts, layer_index)
-        self.norm = _norm_like(parts)
         self.lm_head: nn.Linear | None = None  # None: the target's lm_head, shared (as vLLM shares it)
         if draft_ids is not None:
             rows = parts.lm_head_weight[draft_ids.to(parts.lm_head_weight.device)]
             self.lm_head = nn.Linear(d, rows.shape[0], bias=False)  # [V_draft, d], frozen
             self.lm_head.weight = nn.Parameter(rows.detach().float().clone(), requires_grad=False)
         self.register_buffer("d2t", None if draft_ids is None else draft_ids.clone().long(), persistent=False)
-        params = inspect.signature(self.layer.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.softcap = getattr(parts.config, "final_logit_softcapping", None)
 
     @property
@@ -124,6 +128,56 @@ class MTPHead(nn.Module):
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """What a head file stores: everything but the lm_head rows (rebuilt from the target and d2t)."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("lm_head.")}
+
+    @property
+    def target_features(self) -> bool | tuple[int, ...]:
+        """What the head reads of the target, as ``KVSession.extend(hidden=...)`` takes it: True, the
+        final hidden states (EAGLE-3: the layers whose input streams it reads)."""
+        return True
+
+    @property
+    def feature_size(self) -> int:
+        """The width F of those features."""
+        return self.parts.hidden_size
+
+    def combine(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features [..., F] → the head's first-step input [..., d]."""
+        return features
+
+    def final_hidden(self, state: torch.Tensor) -> torch.Tensor:
+        """A step's state → what the lm_head reads."""
+        return state
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """[..., d] → [..., V_draft] logits (float32)."""
+        y = (self.lm_head or self.parts.lm_head)(self.final_hidden(state)).float()
+        if self.softcap:
+            y = torch.tanh(y / self.softcap) * self.softcap
+        return y
+
+    def _attention_mask(self, mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+        """A boolean mask (True = may attend) as the target's attention implementation wants it."""
+        if mask is not None and getattr(self.parts.config, "_attn_implementation", None) != "sdpa":
+            mask = torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill(~mask, torch.finfo(like.dtype).min)
+        return mask
+
+
+class MTPHead(DraftHead):
+    """enorm, hnorm, eh_proj, one decoder layer and a final norm; the lm_head rows it drafts over
+    (the target's own lm_head, shared, when it drafts over the whole vocabulary)."""
+
+    arch = "mtp"
+
+    def __init__(self, parts: TargetParts, *, layer_index: int, draft_ids: torch.Tensor | None):
+        super().__init__(parts, layer_index=layer_index, draft_ids=draft_ids)
+        d = parts.hidden_size
+        self.enorm = _norm_like(parts)
+        self.hnorm = _norm_like(parts)
+        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.layer = build_layer(parts, layer_index)
+        self.norm = _norm_like(parts)
+        params = inspect.signature(self.layer.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def forward(
         self,
@@ -143,11 +197,9 @@ class MTPHead(nn.Module):
         """The decoder layer's output [B, S, d], before the final norm (forward's arguments)."""
         z = self.eh_proj(self.inputs(hidden, tokens, positions))
         rope = self.parts.rotary(z, positions)
-        if mask is not None and getattr(self.parts.config, "_attn_implementation", None) != "sdpa":
-            mask = torch.zeros(mask.shape, dtype=z.dtype, device=z.device).masked_fill(~mask, torch.finfo(z.dtype).min)
         out = self.layer(
             z,
-            attention_mask=mask,
+            attention_mask=self._attention_mask(mask, z),
             position_ids=positions,
             position_embeddings=rope,
             use_cache=cache is not None,
@@ -161,12 +213,13 @@ class MTPHead(nn.Module):
         e = torch.where(positions.unsqueeze(-1) == 0, torch.zeros_like(e), e)  # as vLLM: no embedding at position 0
         return torch.cat([self.enorm(e), self.hnorm(hidden)], dim=-1)
 
-    def logits(self, g: torch.Tensor) -> torch.Tensor:
-        """[..., d] → [..., V_draft] logits (float32)."""
-        y = (self.lm_head or self.parts.lm_head)(g).float()
-        if self.softcap:
-            y = torch.tanh(y / self.softcap) * self.softcap
-        return y
+    @property
+    def projection(self) -> nn.Linear:
+        """The linear the least-squares start fits first (chain.fit_projection)."""
+        return self.eh_proj
+
+    def projection_inputs(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.inputs(features, tokens, positions)
 
 
 def causal_mask(q: int, past: int, *, device=None) -> torch.Tensor | None:

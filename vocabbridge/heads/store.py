@@ -6,7 +6,8 @@ A head folder (``vocabbridge train-head -o heads/NAME``)::
       config.json        format, the layer's index, the draft vocabulary size, the target it was
                          trained for (model type, sizes, tokenizer fingerprint, a weights signature),
                          and the training record (recipe, seed, timings, held-out acceptance)
-      head.safetensors   enorm, hnorm, eh_proj, the decoder layer, norm, d2t (draft id → target id)
+      head.safetensors   the head's weights (MTP: enorm, hnorm, eh_proj, the decoder layer, norm; EAGLE-3:
+                         fc_norm, fc, the layer, hidden_norm, norm) and d2t (draft id → target id)
       train/             features, checkpoints, curves (PNG), metrics.jsonl, eval.json
 
 A head is refused for another target: another tokenizer, other sizes, or other weights (the
@@ -26,7 +27,8 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import ConfigError, ModelLoadError
 from ..util import atomic_write_text
-from .model import MTPHead, TargetParts, signatures_match, weights_signature
+from .eagle3 import Eagle3Head
+from .model import DraftHead, MTPHead, TargetParts, signatures_match, weights_signature
 
 FORMAT = "vocabbridge.mtp-head/1"
 CONFIG_FILE = "config.json"
@@ -87,7 +89,7 @@ def read_head_config(folder: str | Path) -> dict:
     return cfg
 
 
-def save_head(head: MTPHead, folder: str | Path, *, target: dict, training: dict) -> Path:
+def save_head(head: DraftHead, folder: str | Path, *, target: dict, training: dict) -> Path:
     """Write ``head.safetensors`` and ``config.json`` (each atomically)."""
     folder = Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,7 +100,9 @@ def save_head(head: MTPHead, folder: str | Path, *, target: dict, training: dict
     config = {
         "format": FORMAT,
         "layout": "vocabbridge",
+        "arch": head.arch,
         "layer_index": head.layer_index,
+        **({"aux_layers": list(head.aux_layers)} if hasattr(head, "aux_layers") else {}),
         "hidden_size": target["hidden_size"],
         "draft_vocab_size": head.draft_vocab_size,
         "target": target,
@@ -127,7 +131,7 @@ def check_target(config: dict, record: dict, *, folder: Path) -> None:
         )
 
 
-def load_head(folder: str | Path, parts: TargetParts, *, tokenizer_fingerprint: str, source: str) -> MTPHead:
+def load_head(folder: str | Path, parts: TargetParts, *, tokenizer_fingerprint: str, source: str) -> DraftHead:
     """The head in ``folder`` on ``parts``' target (refused for another target)."""
     folder = Path(folder).expanduser()
     config = read_head_config(folder)
@@ -137,7 +141,10 @@ def load_head(folder: str | Path, parts: TargetParts, *, tokenizer_fingerprint: 
     except (OSError, RuntimeError) as e:
         raise ModelLoadError(f"{folder / WEIGHTS_FILE}: unreadable ({e}); train the head again.") from None
     d2t = state.pop("d2t", None)
-    head = MTPHead(parts, layer_index=int(config["layer_index"]), draft_ids=d2t)
+    if config.get("arch", "mtp") == "eagle3":
+        head: DraftHead = Eagle3Head(parts, aux_layers=tuple(config["aux_layers"]), draft_ids=d2t)
+    else:
+        head = MTPHead(parts, layer_index=int(config["layer_index"]), draft_ids=d2t)
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("lm_head.")]
     if missing or unexpected:

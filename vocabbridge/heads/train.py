@@ -39,7 +39,8 @@ from ..util import atomic_write_text
 from .chain import batches, chain_loss, collate, evaluate, least_squares_start
 from .curves import plot_curves
 from .data import DATA_DIR, DataPlan, Sequence, draft_vocabulary, generate_data, load_shard, render_prompts, training_prompts
-from .model import MTPHead, new_head, target_parts
+from .eagle3 import check_host, default_aux_layers, new_eagle3_head
+from .model import DraftHead, new_head, target_parts
 from .progress import Progress
 from .store import save_head, target_record
 
@@ -50,6 +51,7 @@ TIMING_STEPS = 4  # steps timed before a budgeted run plans its total
 SAVE_RESERVE_S = 20.0  # of a budget, kept for saving the head and plotting
 FINAL_EVAL_COST = 2.5  # the final evaluation (draft and whole vocabulary) against one evaluation on the curves (measured: ~2.3×)
 INITS = ("least-squares", "identity")
+ARCHS = ("mtp", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,11 @@ class Recipe:
     batch_tokens: int = 512  # positions per optimizer step
     lr: float = 3e-5
     warmup: float = 0.1  # share of steps with a linear warm-up, then cosine decay to 10 %
-    init: str = "least-squares"  # the head's start: least-squares (eh_proj and down_proj fit to the data, chain.py) or identity
+    arch: str = "mtp"  # mtp (DeepSeek-V3's MTP module on the final hidden state) or eagle3 (vLLM's EAGLE-3 layer, several layers)
+    aux_layers: tuple[int, ...] | None = None  # eagle3: the target layers it reads (None: eagle3.default_aux_layers)
+    init: str = (
+        "least-squares"  # the head's start: least-squares (eh_proj/fc and down_proj fit to the data, chain.py) or identity
+    )
     step_weight: float = 0.7  # loss weight of chained step d: step_weight ** (d - 1)
     hidden_weight: float = 0.0  # weight of EAGLE's feature loss (the head's output against h_{t+1})
     heldout: float = 0.1  # share of prompts kept out of training for the evaluation
@@ -99,6 +105,12 @@ class Recipe:
             raise ConfigError(f"heldout must be in [0, 1) and data_share in (0, 1); got {self.heldout}, {self.data_share}.")
         if self.init not in INITS:
             raise ConfigError(f"init must be one of {', '.join(INITS)}; got {self.init!r}.")
+        if self.arch not in ARCHS:
+            raise ConfigError(f"arch must be one of {', '.join(ARCHS)}; got {self.arch!r}.")
+        if self.aux_layers is not None and self.arch != "eagle3":
+            raise ConfigError("aux_layers are the target layers an eagle3 head reads; pass them with arch eagle3.")
+        if self.aux_layers is not None:
+            object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
         if self.budget_minutes < 0:
             raise ConfigError(f"budget_minutes must be ≥ 0 (0: no budget), got {self.budget_minutes}.")
 
@@ -111,7 +123,7 @@ class Recipe:
 @dataclass
 class TrainResult:
     folder: Path
-    head: MTPHead
+    head: DraftHead
     eval: dict
     timings: dict[str, float]
     tokens: dict[str, int]
@@ -195,6 +207,10 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
     lm = load_causal_lm(resolve_model(target), dtype="float32" if gen_dtype == "int8" else gen_dtype, device=device, pack=False)
     lm.model.requires_grad_(False)
     parts = target_parts(lm.model)
+    aux_layers: tuple[int, ...] = ()
+    if recipe.arch == "eagle3":
+        check_host(parts)
+        aux_layers = recipe.aux_layers or default_aux_layers(parts.num_layers)
     if gen_dtype == "int8":  # the head starts from the fp32 last layer and lm_head: keep them out of the quantization
         parts = dataclasses.replace(parts, last_layer=copy.deepcopy(parts.last_layer))
         quantize_rows(lm.model)  # replaces the lm_head module (parts keeps the fp32 one) and the layers' linears in place
@@ -221,7 +237,9 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
             pad_id=roles.get("pad", next(iter(stops), 0)),
             progress=bar,
             deadline=t0 + budget * recipe.data_share if budget else None,
-            settings={"new_tokens": recipe.new_tokens, "top_k": recipe.top_k, "data_dtype": gen_dtype},
+            settings={"new_tokens": recipe.new_tokens, "top_k": recipe.top_k, "data_dtype": gen_dtype}
+            | ({"aux_layers": list(aux_layers)} if aux_layers else {}),
+            aux_layers=aux_layers,
         )
     seqs = [s for path in shards for s in load_shard(path)]
     timings["data"] = time.perf_counter() - t1
@@ -244,7 +262,10 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
     vocab = parts.embed.weight.shape[0]
     full = recipe.draft_vocab <= 0 or recipe.draft_vocab >= vocab
     draft_ids = None if full else draft_vocabulary(train_seqs, size=recipe.draft_vocab, vocab_size=vocab, always=stops)
-    head = new_head(parts, draft_ids=draft_ids).to(device)
+    if recipe.arch == "eagle3":
+        head = new_eagle3_head(parts, aux_layers=aux_layers, draft_ids=draft_ids).to(device)
+    else:
+        head = new_head(parts, draft_ids=draft_ids).to(device)
     t2d = torch.full((vocab,), -1, dtype=torch.long)
     t2d[draft_ids if draft_ids is not None else torch.arange(vocab)] = torch.arange(head.draft_vocab_size)
     fits: dict[str, float] = {}
@@ -296,7 +317,7 @@ class _Training:
     """The optimizer loop: epochs of shuffled batches, checkpoints, an evaluation per epoch, and
     under a deadline a plan of as many steps as fit (timed on the first ``TIMING_STEPS``)."""
 
-    def __init__(self, head: MTPHead, train, held, t2d, recipe: Recipe, work: Path, *, device, autocast, say):
+    def __init__(self, head: DraftHead, train, held, t2d, recipe: Recipe, work: Path, *, device, autocast, say):
         self.head, self.held, self.t2d, self.recipe, self.work = head, held, t2d, recipe, work
         self.device, self.autocast, self.say = device, autocast, say
         self.params = [p for p in head.parameters() if p.requires_grad]
@@ -348,7 +369,7 @@ class _Training:
                     return self._checkpoint()
                 for g in self.opt.param_groups:
                     g["lr"] = lr_at(self.step, self.planned, r)
-                b = collate(seqs, self.t2d, r.batch_tokens).to(self.device)
+                b = collate(seqs, self.t2d, r.batch_tokens, features=head.features).to(self.device)
                 with self.autocast():
                     loss, per_depth = chain_loss(head, b, r.depth, r.step_weight, r.hidden_weight)
                 self.opt.zero_grad(set_to_none=True)

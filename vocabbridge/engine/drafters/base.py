@@ -22,13 +22,15 @@ class DraftSession:
     """Per-request drafting state."""
 
     forwards: int = 0  # drafter model forwards so far
-    reads_hidden: bool = False  # True: the engine hands it the target's hidden states (an MTP head)
+    # the target features the engine hands it (observe_hidden): False none, True the final hidden states (an
+    # MTP head), a tuple of layer indices the residual streams entering those layers (an EAGLE-3 head)
+    reads_hidden: bool | tuple[int, ...] = False
     free: bool = False  # True: proposing runs no model (n-gram, suffix), so a proposal not verified costs nothing
 
     def observe_hidden(self, start: int, hidden: torch.Tensor) -> None:
-        """The target's final hidden states [n, d] of positions ``start`` … ``start + n - 1``, from
-        the forward that just ran (a verification's rejected positions among them: later forwards
-        overwrite those). Called only when ``reads_hidden``."""
+        """The target's features [n, F] (what ``reads_hidden`` asks for) of positions ``start`` …
+        ``start + n - 1``, from the forward that just ran (a verification's rejected positions among
+        them: later forwards overwrite those). Called only when ``reads_hidden``."""
 
     def attach_target(self, target) -> None:
         """The target's own session for this request (its ``KVSession``: cache and ids), given before

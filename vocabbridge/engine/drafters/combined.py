@@ -24,7 +24,7 @@ class _CombinedSession(DraftSession):
         return self.model.forwards
 
     @property
-    def reads_hidden(self) -> bool:
+    def reads_hidden(self) -> bool | tuple[int, ...]:
         return self.model.reads_hidden
 
     def observe_hidden(self, start, hidden):

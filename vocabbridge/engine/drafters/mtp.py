@@ -1,8 +1,9 @@
-"""The ``mtp`` drafter: an MTP head drafting from the target's own hidden states.
+"""The ``mtp`` drafter: an MTP or EAGLE-3 head drafting from the target's own hidden states.
 
-``--drafter mtp:heads/NAME`` loads a head trained by ``vocabbridge train-head``; ``--drafter mtp``
-loads the MTP weights of the target's own checkpoint (DeepSeek-V3, EXAONE 4.5, Qwen3.5, MiMo
-layouts: vocabbridge/heads/layouts.py).
+``--drafter mtp:heads/NAME`` loads a head trained by ``vocabbridge train-head`` (either
+architecture: ``--arch mtp`` reads the target's final hidden states, ``--arch eagle3`` the residual
+streams entering a few of its layers); ``--drafter mtp`` loads the MTP weights of the target's own
+checkpoint (DeepSeek-V3, EXAONE 4.5, Qwen3.5, MiMo layouts: vocabbridge/heads/layouts.py).
 
 No extra target pass: every target forward of the engine (prefill chunks, verifications) hands the
 session the hidden states of the positions it fed (``observe_hidden``). The head keeps one KV
@@ -24,7 +25,7 @@ from transformers import DynamicCache
 
 from ...errors import ConfigError, RequestError
 from ...heads.layouts import checkpoint_files, head_from_weights, read_mtp_weights
-from ...heads.model import MTPHead, causal_mask, target_parts
+from ...heads.model import DraftHead, causal_mask, target_parts
 from ...heads.store import load_head
 from ..model import QUANTIZED, drafter_dtype_for, quantize_int8
 from ..sampling import SamplingParams
@@ -32,14 +33,13 @@ from .base import Drafter, DraftSession, Proposal, pick_token
 
 
 class _MTPSession(DraftSession):
-    reads_hidden = True
-
     def __init__(self, d: MTPDrafter):
         self.d = d
+        self.reads_hidden = d.head.target_features  # the final hidden states, or the layers EAGLE-3 reads
         self.cache = DynamicCache()
         self.fed = 0  # committed pairs in the head's cache: positions 0 … fed-1
         self.cached = 0  # entries in the head's cache: the committed pairs, then a proposal's speculative ones
-        self.rows = torch.empty(0, d.hidden_size, device=d.device)  # target hidden states of positions rows_start …
+        self.rows = torch.empty(0, d.head.feature_size, device=d.device)  # target features of positions rows_start …
         self.rows_start = 0
         self.forwards = 0
 
@@ -61,7 +61,7 @@ class _MTPSession(DraftSession):
                 "generate loop only (eval-drafter cannot score it; train-head reports its held-out acceptance)."
             )
         dev = self.d.device
-        hidden = self.rows[lo : lo + n].to(dev, self.d.dtype)[None]  # [1, n, d]
+        hidden = self.d.head.combine(self.rows[lo : lo + n].to(dev, self.d.dtype)[None])  # [1, n, F] → [1, n, d]
         tokens = torch.tensor([context[self.fed + 1 : upto + 1]], device=dev)  # [1, n]
         positions = torch.arange(self.fed, upto, device=dev)[None]  # [1, n]
         mask = causal_mask(n, self.fed, device=dev)
@@ -121,7 +121,7 @@ class MTPDrafter(Drafter):
     name = "mtp"
     uses_model = False
 
-    def __init__(self, head: MTPHead, *, target_vocab_size: int, stop_ids=(), min_confidence: float = 0.0, source: str = ""):
+    def __init__(self, head: DraftHead, *, target_vocab_size: int, stop_ids=(), min_confidence: float = 0.0, source: str = ""):
         self.head = head.eval()
         self.target_vocab = target_vocab_size
         self.stop_ids = frozenset(stop_ids)
@@ -129,7 +129,7 @@ class MTPDrafter(Drafter):
         self.source = source
         self.hidden_size = head.parts.hidden_size
         self.device = head.parts.embed.weight.device
-        self.dtype = head.enorm.weight.dtype  # activations (int8 heads keep fp32 norms and activations)
+        self.dtype = head.norm.weight.dtype  # activations (int8 heads keep fp32 norms and activations)
         self.d2t = head.d2t.tolist() if head.d2t is not None else None
 
     @classmethod
@@ -182,6 +182,7 @@ class MTPDrafter(Drafter):
         return {
             "name": self.name,
             "head": self.source,
+            "arch": self.head.arch,
             "draft_vocab_size": self.head.draft_vocab_size,
             "min_confidence": self.min_confidence,
         }
