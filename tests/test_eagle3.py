@@ -8,8 +8,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
 from transformers import DynamicCache
 
+from vocabbridge.cli import main
 from vocabbridge.engine import SamplingParams, SpecEngine, load_causal_lm
 from vocabbridge.engine.drafters.mtp import MTPDrafter
 from vocabbridge.engine.factory import build_engine
@@ -177,3 +180,27 @@ def test_an_eagle3_head_needs_a_llama_or_qwen2_layer(trained):
         parts.config.model_type = "llama"
     with pytest.raises(ConfigError, match="aux_layers"):
         replace(RECIPE, arch="mtp", aux_layers=(1, 2))
+
+
+def test_train_head_cli_trains_an_eagle3_head_and_exports_it_as_vllms_eagle3_checkpoint(trained, tmp_path):
+    out = tmp_path / "h"
+    args = ["train-head", "--target", str(trained["target"]), "-o", str(out), "--arch", "eagle3", "--aux-layers", "1,3"]
+    args += ["--max-prompts", "6", "--new-tokens", "8", "--epochs", "1", "--draft-vocab", "300"]
+    args += ["--dtype", "float32", "--data-dtype", "float32", "--export-vllm", "--json"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)  # progress goes to stderr
+    assert got["vllm"] == {"method": "eagle3", "model": str(out / "vllm"), "num_speculative_tokens": 3}
+    cfg = json.loads((out / "vllm" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["draft_vocab_size"] == 300 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3]
+    assert cfg["fc_norm"] is True and cfg["target_hidden_size"] == 64
+    w = load_file(str(out / "vllm" / "model.safetensors"))
+    head = load_file(str(out / "head.safetensors"))
+    assert w["midlayer.self_attn.q_proj.weight"].shape == (64, 128)  # reads [embedding, hidden]
+    assert {"fc.weight", "fc_norm.0.weight", "fc_norm.1.weight", "norm.weight", "midlayer.hidden_norm.weight"} <= set(w)
+    assert torch.equal(w["d2t"] + torch.arange(300), head["d2t"])  # vLLM's offsets give back the target ids
+    target = load_causal_lm(str(trained["target"]), dtype="float32", pack=False)
+    rows = target.model.get_output_embeddings().weight[head["d2t"]]
+    assert torch.allclose(w["lm_head.weight"].float(), rows, atol=1e-2)
+    assert "embed_tokens" not in " ".join(w)  # vLLM shares the target's

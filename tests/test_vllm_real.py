@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -301,4 +302,45 @@ def test_a_trained_mtp_head_serves_in_vllm_with_greedy_output_equal_to_no_specul
         c = spec_counters(url)
         assert c["num_drafts"] and c["num_draft_tokens"] and c["num_accepted_tokens"] is not None, c
     assert (qwen_head / "vllm" / "model.safetensors").is_file()
-    assert any("exporting the MTP head" in line for line in lines)
+    assert any("exporting the head" in line for line in lines)
+
+
+@pytest.fixture(scope="module")
+def qwen_eagle3(tmp_path_factory):
+    """An EAGLE-3 head for the 0.5B target drafting over 4,096 of its tokens, trained on a small budget:
+    vLLM must serve it as its own eagle3 method with that vocabulary as d2t."""
+    from vocabbridge.heads.train import Recipe, train_head
+
+    folder = tmp_path_factory.mktemp("head") / "q05-eagle3"
+    recipe = Recipe(arch="eagle3", max_prompts=8, new_tokens=24, epochs=1, draft_vocab=4096, eval_k=2)
+    train_head(str(QWEN), folder, recipe, quiet=True, say=lambda m: None)
+    return folder
+
+
+def test_an_eagle3_head_serves_in_vllm_as_its_eagle3_method_and_accepts_what_our_engine_accepts(plain, qwen_eagle3):
+    """Greedy output identical to no speculation, drafts over the head's own 4,096 rows (d2t), and the
+    tokens vLLM accepts are the ones our engine accepts with the same head: the same computation."""
+    from vocabbridge.engine import SamplingParams, SpecEngine, load_causal_lm
+    from vocabbridge.engine.drafters.mtp import MTPDrafter
+    from vocabbridge.spec import EngineSpec
+
+    with vllm_serve("--drafter", f"mtp:{qwen_eagle3}", "-k", "2") as (url, lines):
+        assert greedy(url) == plain
+        c = spec_counters(url)
+    assert c["num_drafts"] and c["num_draft_tokens"], c
+    assert any("exporting the head" in line and "EAGLE-3" in line for line in lines)
+    export = json.loads((qwen_eagle3 / "vllm" / "config.json").read_text())
+    assert export["draft_vocab_size"] == 4096 and export["architectures"] == ["LlamaForCausalLMEagle3"]
+
+    target = load_causal_lm(str(QWEN), dtype="float32")
+    spec = EngineSpec(target=str(QWEN), drafter=f"mtp:{qwen_eagle3}", drafter_dtype="float32", backoff=False)
+    engine = SpecEngine(target, MTPDrafter.from_spec(spec, target, None), num_speculative_tokens=2, backoff=False)
+    accepted = drafts = 0
+    for p, want in zip(PROMPTS, plain):
+        r = engine.generate(target.view.encode(p), SamplingParams(max_new_tokens=MAX_TOKENS))
+        assert r.tokens == want
+        accepted, drafts = accepted + r.stats.accepted, drafts + r.stats.drafts
+    assert accepted > 0
+    # the same head, the same greedy answers: the same accepted tokens, up to a near-tie that the two
+    # float32 kernels (vLLM's CPU attention, torch's) may break apart
+    assert abs(c["num_accepted_tokens"] - accepted) <= max(2, 0.1 * accepted), (c, accepted, drafts)

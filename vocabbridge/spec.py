@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, VocabBridgeError
-from .heads import VLLM_EXPORT, head_target
+from .heads import VLLM_EXPORT, head_arch, head_target
 from .presets import PRESETS, default_target_for, vocab_family
 from .tokenizer import load_tokenizer, same_vocabulary
 
@@ -433,13 +433,15 @@ def _vllm_suffix(spec, model_for, notes):
 
 def _vllm_mtp(spec, model_for, notes):
     """The checkpoint's own MTP layer; with ``mtp:PATH``, a trained head exported for vLLM
-    (``vocabbridge.heads.export.export_for_vllm`` writes it in ``PATH/vllm``, MiMo's MTP layout)."""
+    (``vocabbridge.heads.export.export_for_vllm`` writes it in ``PATH/vllm``: an EAGLE-3 head as vLLM's
+    EAGLE-3 checkpoint, an MTP head in MiMo's MTP layout)."""
     if spec.drafter_path:
         exported = Path(spec.drafter_path).expanduser() / VLLM_EXPORT
-        notes.append(
-            f"the head {spec.drafter_path} reaches vLLM as its export in MiMo's MTP layout ({exported}, written when stale)"
-        )
-        return {"method": "mtp", "model": str(exported), "num_speculative_tokens": spec.num_speculative_tokens}
+        eagle3 = head_arch(spec.drafter_path) == "eagle3"
+        layout = "vLLM's EAGLE-3 layout, drafting over its own vocabulary (d2t)" if eagle3 else "MiMo's MTP layout"
+        notes.append(f"the head {spec.drafter_path} reaches vLLM as its export in {layout} ({exported}, written when stale)")
+        method = "eagle3" if eagle3 else "mtp"
+        return {"method": method, "model": str(exported), "num_speculative_tokens": spec.num_speculative_tokens}
     p = PRESETS.get(spec.target_name)
     if p is not None and not p.has_mtp:
         raise ConfigError(

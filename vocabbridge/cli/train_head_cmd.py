@@ -16,6 +16,15 @@ from .common import OUTPUT_DIR
 _DEFAULTS = Recipe()
 
 
+def _layers(value: str | None) -> tuple[int, ...] | None:
+    if not value:
+        return None
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give layer indices separated by commas, e.g. 14,25,28") from None
+
+
 def _opt(name: str, help: str, **kw):
     return click.option(f"--{name.replace('_', '-')}", name, default=getattr(_DEFAULTS, name), show_default=True, help=help, **kw)
 
@@ -32,9 +41,23 @@ def _opt(name: str, help: str, **kw):
     "draft_vocab", "Draft vocabulary: the N target tokens the data uses most (0: the whole vocabulary).", type=click.IntRange(0)
 )
 @_opt(
+    "arch",
+    "The head: mtp (DeepSeek-V3's MTP module on the target's final hidden state; vLLM serves it in MiMo's MTP "
+    "layout over the whole vocabulary) or eagle3 (vLLM's EAGLE-3 layer over the streams entering three target "
+    "layers; vLLM serves it as is, drafting over its draft vocabulary).",
+    type=click.Choice(["mtp", "eagle3"]),
+)
+@click.option(
+    "--aux-layers",
+    callback=lambda ctx, param, value: _layers(value),
+    metavar="I,J,K",
+    help="eagle3: the target layers whose input streams it reads (the layer count: the final norm's input). "
+    "Default: the middle layer, three before the end, and the end.",
+)
+@_opt(
     "init",
-    "eh_proj's start: least-squares (the best linear predictor of the target's next hidden state, fit to the data) "
-    "or identity (the head starts by repeating h_t).",
+    "The start: least-squares (eh_proj or fc, then down_proj: the best linear predictors of the target's next "
+    "hidden state, fit to the data) or identity (the head starts by repeating h_t).",
     type=click.Choice(["least-squares", "identity"]),
 )
 @_opt("depth", "Chained draft steps trained (the head re-runs on its own output).", type=click.IntRange(1, 8))
@@ -64,20 +87,25 @@ def _opt(name: str, help: str, **kw):
 )
 @_opt("device", "auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …", type=str)
 @click.option("--restart", is_flag=True, help="Discard the training checkpoint (the generated data is kept).")
-@click.option("--export-vllm", is_flag=True, help="Also write the head for vLLM (OUTPUT/vllm, MiMo's MTP layout).")
+@click.option(
+    "--export-vllm", is_flag=True, help="Also write the head for vLLM (OUTPUT/vllm: EAGLE-3's layout, or MiMo's MTP layout)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def train_head_cmd(target, output: Path, prompts, restart, export_vllm, as_json, **recipe):
-    """Train an MTP draft head for TARGET on its own greedy outputs (self-distillation).
+    """Train a draft head for TARGET on its own greedy outputs (self-distillation).
 
-    The head (DeepSeek-V3's MTP module: the target's last hidden state and the next token's
-    embedding, normalized, concatenated, projected, one decoder layer of the target's own
-    architecture, the target's lm_head) drafts with --drafter mtp:OUTPUT. Generated data and
-    checkpoints live in OUTPUT/train; running the same command again resumes.
+    --arch mtp (default): DeepSeek-V3's MTP module: the target's last hidden state and the next
+    token's embedding, normalized, concatenated, projected, one decoder layer of the target's own
+    architecture, the target's lm_head. --arch eagle3: vLLM's EAGLE-3 layer over the streams
+    entering three of the target's layers, with the draft vocabulary's own lm_head rows. Either
+    drafts with --drafter mtp:OUTPUT. Generated data and checkpoints live in OUTPUT/train; running
+    the same command again resumes.
 
     \b
     Examples:
       vocabbridge train-head --target qwen2.5-coder-1.5b -o heads/qwen2.5-coder-1.5b --budget-minutes 45
       vocabbridge generate --target qwen2.5-coder-1.5b --drafter mtp:heads/qwen2.5-coder-1.5b -k 3 -p "Hi" --compare-plain
+      vocabbridge train-head --target qwen2.5-coder-1.5b --arch eagle3 -o heads/q15-eagle3 --budget-minutes 45
       vocabbridge train-head --target smollm2-135m -o heads/smollm2 --max-prompts 40 --epochs 2 --export-vllm
     """
     r = Recipe(prompts=prompts, **recipe)
@@ -112,9 +140,14 @@ def train_head_cmd(target, output: Path, prompts, restart, export_vllm, as_json,
         f"wrote {output}/head.safetensors, config.json; curves in {output}/train/loss.png, acceptance.png",
         f"draft with it: --drafter mtp:{output}",
     ]
-    if spec:
+    if spec and spec["method"] == "mtp":
         notes.append(
             f"vLLM: --speculative-config '{json.dumps(spec, separators=(',', ':'))}' --hf-overrides "
             "'{\"num_nextn_predict_layers\":1}' (vocabbridge serve --backend vllm --drafter mtp:HEAD writes both)"
+        )
+    elif spec:
+        notes.append(
+            f"vLLM: --speculative-config '{json.dumps(spec, separators=(',', ':'))}' "
+            "(vocabbridge serve --backend vllm --drafter mtp:HEAD writes it)"
         )
     print_sections([Section("Held-out greedy acceptance (the target's own continuations)", columns, rows, notes)])

@@ -1,6 +1,7 @@
 """MTP draft heads: train one for any causal LM, draft with it, export it for vLLM.
 
-- ``model.py``: the head (DeepSeek-V3's MTP module on a decoder layer of the target's own class);
+- ``model.py``: the MTP head (DeepSeek-V3's MTP module on a decoder layer of the target's own class);
+- ``eagle3.py``: the EAGLE-3 head (vLLM's eagle3 layer over the streams entering a few target layers);
 - ``layouts.py``: real checkpoints' MTP weights (DeepSeek-V3, EXAONE 4.5 / Qwen3.5, MiMo);
 - ``store.py``: a trained head on disk, refused for another target;
 - ``data.py``: self-distillation data (the target's greedy continuations, hidden states, top-k);
@@ -17,6 +18,14 @@ from pathlib import Path
 VLLM_EXPORT = "vllm"  # the vLLM export's folder inside a head folder (heads/NAME/vllm)
 
 
+def _config(folder: str | Path) -> dict:
+    try:
+        cfg = json.loads((Path(folder).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
 def head_target(folder: str | Path) -> str | None:
     """The target a head folder was trained for, as given to train-head (None when unreadable).
 
@@ -24,6 +33,16 @@ def head_target(folder: str | Path) -> str | None:
     True
     """
     try:
-        return json.loads((Path(folder).expanduser() / "config.json").read_text(encoding="utf-8"))["target"]["source"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return _config(folder)["target"]["source"]
+    except (KeyError, TypeError):
         return None
+
+
+def head_arch(folder: str | Path) -> str:
+    """A head folder's architecture, ``mtp`` or ``eagle3`` (``mtp`` for heads from before EAGLE-3 and
+    for unreadable folders, which the loader then refuses with the reason).
+
+    >>> head_arch("no/such/head")
+    'mtp'
+    """
+    return str(_config(folder).get("arch", "mtp"))

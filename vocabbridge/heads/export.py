@@ -1,4 +1,8 @@
-"""A trained head as a checkpoint vLLM serves: MiMo's MTP layout (``method: mtp``).
+"""A trained head as a checkpoint vLLM serves: an EAGLE-3 head (``train-head --arch eagle3``) as vLLM's
+own EAGLE-3 checkpoint (``method: eagle3``, the draft vocabulary as ``d2t``: below), an MTP head in
+MiMo's MTP layout (``method: mtp``).
+
+**MTP heads.**
 
 vLLM has no MTP class for Qwen2 or Llama targets, but MiMo (``mimo_mtp.py``) is a Qwen2 model with
 exactly our head on a Qwen2 decoder layer: ``token_layernorm`` (enorm), ``hidden_layernorm``
@@ -23,6 +27,14 @@ EAGLE (``llama_eagle.py``) cannot hold this head: its fc takes un-normalized inp
 has no input norm; EAGLE-3 normalizes the two inputs but feeds their concatenation to a 2d-wide
 attention with the hidden state as residual. Neither computes enorm/hnorm → eh_proj → layer.
 
+**EAGLE-3 heads** are trained in vLLM's own form (heads/eagle3.py), so the export only renames:
+``midlayer.*`` for the layer (``hidden_norm`` in it), ``fc`` and ``fc_norm.i`` (the config's
+``fc_norm``), ``norm``, the draft vocabulary's ``lm_head`` rows, and ``d2t`` as offsets (target id =
+draft id + d2t); the config names the target layers (``eagle_config.eagle_aux_hidden_state_layer_ids``)
+and the draft vocabulary's size. vLLM then drafts over those rows only::
+
+    --speculative-config '{"method": "eagle3", "model": "heads/NAME/vllm", "num_speculative_tokens": 3}'
+
 >>> export_for_vllm("heads/qwen2.5-coder-1.5b")  # doctest: +SKIP
 {'method': 'mtp', 'model': 'heads/qwen2.5-coder-1.5b/vllm', 'num_speculative_tokens': 3}
 """
@@ -41,6 +53,7 @@ from ..errors import ConfigError, ModelLoadError
 from ..presets import resolve_model
 from ..util import atomic_write_text
 from . import VLLM_EXPORT
+from .eagle3 import HOSTS as EAGLE3_HOSTS
 from .layouts import checkpoint_files
 from .store import WEIGHTS_FILE, read_head_config, save_tensors
 
@@ -97,8 +110,9 @@ def mimo_state(head_state: dict[str, torch.Tensor], *, hidden_size: int) -> dict
 
 
 def export_for_vllm(head_dir: str | Path, out_dir: str | Path | None = None, *, num_speculative_tokens: int = 3) -> dict:
-    """Write ``head_dir``'s head as a MiMo-layout MTP checkpoint (default ``head_dir/vllm``) and
-    return the ``--speculative-config`` that serves it."""
+    """Write ``head_dir``'s head as a checkpoint vLLM serves (default ``head_dir/vllm``) and return the
+    ``--speculative-config`` that serves it: an MTP head in MiMo's MTP layout (``method: mtp``), an
+    EAGLE-3 head as vLLM's own EAGLE-3 checkpoint with its draft vocabulary as ``d2t`` (``method: eagle3``)."""
     head_dir = Path(head_dir).expanduser()
     out_dir = Path(out_dir).expanduser() if out_dir is not None else head_dir / VLLM_EXPORT
     cfg = read_head_config(head_dir)
@@ -106,6 +120,8 @@ def export_for_vllm(head_dir: str | Path, out_dir: str | Path | None = None, *, 
     folder = target_folder(tgt["source"], tgt.get("resolved"))
     target_cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     text_cfg = target_cfg.get("text_config", target_cfg)
+    if cfg.get("arch", "mtp") == "eagle3":
+        return _export_eagle3(head_dir, out_dir, cfg, folder, text_cfg, num_speculative_tokens)
     if text_cfg.get("model_type") not in HOSTS:
         raise ConfigError(
             f"vLLM serves our heads through MiMo's MTP layout, whose layer is a Qwen2 layer; a {text_cfg.get('model_type')} "
@@ -145,6 +161,97 @@ def export_for_vllm(head_dir: str | Path, out_dir: str | Path | None = None, *, 
         "target": tgt["source"],
         "target_folder": str(folder),
         "draft_vocabulary": "full (the draft vocabulary of the head is not used by this layout)",
+        "speculative_config": spec,
+    }
+    atomic_write_text(out_dir / "vocabbridge-export.json", json.dumps(record, indent=2) + "\n")
+    return spec
+
+
+# ==== EAGLE-3 ======================================================================================
+
+EAGLE3_LAYER = "midlayer."  # vLLM's name for the one EAGLE-3 layer (mapped to layers.0)
+COPIED_CONFIG = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "vocab_size",
+)
+
+
+def eagle3_state(head_state: dict[str, torch.Tensor], *, lm_head_rows: torch.Tensor, d2t: torch.Tensor, o_bias: bool) -> dict:
+    """Our EAGLE-3 head's tensors under vLLM's names: ``midlayer.*`` (the layer, with ``hidden_norm``),
+    ``fc``, ``fc_norm.i``, ``norm``, the draft vocabulary's ``lm_head`` rows and ``d2t`` as vLLM reads
+    it: the offset of each draft id's target id (target id = draft id + d2t[draft id])."""
+    out = {}
+    for key, t in head_state.items():
+        module, _, rest = key.partition(".")
+        if module == "layer":
+            out[EAGLE3_LAYER + rest] = t
+        elif module == "hidden_norm":
+            out[f"{EAGLE3_LAYER}hidden_norm.{rest}"] = t
+        elif module in ("fc", "fc_norm", "norm"):
+            out[key] = t
+    w = out.get(f"{EAGLE3_LAYER}self_attn.o_proj.weight")
+    if o_bias and w is not None and f"{EAGLE3_LAYER}self_attn.o_proj.bias" not in out:
+        out[f"{EAGLE3_LAYER}self_attn.o_proj.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)  # vLLM's o_proj has one with q/k/v's
+    out["lm_head.weight"] = lm_head_rows
+    out["d2t"] = (d2t.long() - torch.arange(len(d2t))).contiguous()
+    return out
+
+
+def _export_eagle3(head_dir: Path, out_dir: Path, cfg: dict, folder: Path, text_cfg: dict, k: int) -> dict:
+    if text_cfg.get("model_type") not in EAGLE3_HOSTS:
+        raise ConfigError(
+            f"vLLM serves EAGLE-3 heads as a Llama layer; a {text_cfg.get('model_type')} target's head cannot be exported "
+            f"(targets: {', '.join(EAGLE3_HOSTS)}). Serve it with --backend embedded --drafter mtp:{head_dir}."
+        )
+    state = load_file(str(head_dir / WEIGHTS_FILE))
+    vocab = int(cfg["target"]["vocab_size"])
+    d2t = state.pop("d2t", None)
+    if d2t is None:
+        d2t = torch.arange(vocab)
+    lm_head = _target_tensor(checkpoint_files(str(folder)), ("lm_head.weight", "model.embed_tokens.weight"))
+    has_bias = any(k.endswith("self_attn.q_proj.bias") for k in state)
+    named = text_cfg.get("dtype") or text_cfg.get("torch_dtype") or ""
+    dtype = torch.float16 if named == "float16" else torch.bfloat16
+    weights = eagle3_state(state, lm_head_rows=lm_head[d2t.long()], d2t=d2t, o_bias=has_bias)
+    weights = {n: (t if n == "d2t" else t.to(dtype)).contiguous() for n, t in weights.items()}
+    aux = [int(i) for i in cfg["aux_layers"]]
+    config = {key: text_cfg[key] for key in COPIED_CONFIG if key in text_cfg}
+    config.update(
+        {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "draft_vocab_size": len(d2t),
+            "target_hidden_size": int(cfg["hidden_size"]),
+            "tie_word_embeddings": False,
+            "attention_bias": has_bias,  # vLLM's EAGLE-3 layer gives q/k/v (and o_proj) a bias when set
+            "fc_norm": True,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+            "dtype": str(dtype).replace("torch.", ""),
+            "torch_dtype": str(dtype).replace("torch.", ""),
+        }
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_tensors(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
+    atomic_write_text(out_dir / "config.json", json.dumps(config, indent=2) + "\n")
+    spec = {"method": "eagle3", "model": str(out_dir), "num_speculative_tokens": k}
+    record = {
+        "exported_from": str(head_dir),
+        "layout": "eagle3",
+        "target": cfg["target"]["source"],
+        "target_folder": str(folder),
+        "draft_vocabulary": f"{len(d2t)} of {vocab} target tokens (d2t)",
+        "aux_layers": aux,
         "speculative_config": spec,
     }
     atomic_write_text(out_dir / "vocabbridge-export.json", json.dumps(record, indent=2) + "\n")

@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,7 +189,7 @@ def split_heldout(seqs: list[Sequence], share: float, seed: int) -> tuple[list[S
 
 def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = False, say=None, quiet: bool = False) -> TrainResult:
     """Train (or resume training) a head for ``target`` into ``folder``; see the module docstring."""
-    say = say or (lambda msg: print(f"train-head: {msg}", flush=True))
+    say = say or (lambda msg: print(f"train-head: {msg}", file=sys.stderr, flush=True))
     folder = Path(folder).expanduser()
     work = folder / TRAIN_DIR
     work.mkdir(parents=True, exist_ok=True)

@@ -170,7 +170,7 @@ def vllm_command(
         argv += ["--dtype", VLLM_DTYPES[spec.dtype]]
     if cfg is not None:
         argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
-    if spec.drafter_method == "mtp" and spec.drafter_path:
+    if cfg is not None and cfg.get("method") == "mtp" and spec.drafter_path:
         # vLLM's MiMo MTP layer reads its layer count from the *target's* config (MiMo carries its MTP
         # layer in its own checkpoint); without it the worker fails with "Qwen2Config object has no
         # attribute num_nextn_predict_layers".
@@ -254,7 +254,7 @@ def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
 
 def export_stale_head(folder: str, *, say: Callable[[str], None]) -> None:
     """Export a train-head folder for vLLM (``FOLDER/vllm``) unless an export newer than the head is there."""
-    from ..heads import VLLM_EXPORT
+    from ..heads import VLLM_EXPORT, head_arch
     from ..heads.store import WEIGHTS_FILE, read_head_config
 
     head = Path(folder).expanduser()
@@ -264,7 +264,8 @@ def export_stale_head(folder: str, *, say: Callable[[str], None]) -> None:
         return
     from ..heads.export import export_for_vllm  # torch
 
-    say(f"exporting the MTP head {head} for vLLM (MiMo's MTP layout) into {head / VLLM_EXPORT}")
+    layout = "vLLM's EAGLE-3 layout" if head_arch(head) == "eagle3" else "MiMo's MTP layout"
+    say(f"exporting the head {head} for vLLM ({layout}) into {head / VLLM_EXPORT}")
     export_for_vllm(head)
 
 
