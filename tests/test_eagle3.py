@@ -204,3 +204,15 @@ def test_train_head_cli_trains_an_eagle3_head_and_exports_it_as_vllms_eagle3_che
     rows = target.model.get_output_embeddings().weight[head["d2t"]]
     assert torch.allclose(w["lm_head.weight"].float(), rows, atol=1e-2)
     assert "embed_tokens" not in " ".join(w)  # vLLM shares the target's
+
+
+def test_an_mtp_head_trains_on_the_data_made_for_an_eagle3_head(trained, tmp_path):
+    """Data holding EAGLE-3's layer streams serve an MTP head as they are (one generation, two heads)."""
+    import shutil
+
+    data = tmp_path / "mtp" / "train" / "data"
+    shutil.copytree(trained["head"] / "train" / "data", data)
+    before = {p.name: p.stat().st_mtime_ns for p in data.glob("*.safetensors")}
+    r = train_head(str(trained["target"]), tmp_path / "mtp", replace(RECIPE, arch="mtp", epochs=1), quiet=True, say=lambda m: None)
+    assert {p.name: p.stat().st_mtime_ns for p in data.glob("*.safetensors")} == before
+    assert r.head.arch == "mtp" and r.eval["positions"] > 0

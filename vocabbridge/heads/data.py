@@ -273,13 +273,15 @@ def generate_data(
     """Generate every batch of ``plan`` not already on disk under ``folder`` (with a ``deadline``
     on ``time.perf_counter()``, no batch that would end after it starts, two batches at least);
     returns the shard paths. Shards written under other ``settings`` (tokens per prompt, top-k, the
-    target's dtype) are not reused: they are generated again."""
+    target's dtype) are not reused: they are generated again; shards holding an EAGLE-3 head's layer
+    streams also serve an MTP head (:func:`serves`)."""
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"shards": {}}
     settings = settings or {}
-    if manifest.get("settings", {}) != settings:
+    if not serves(manifest.get("settings", {}), settings):
         manifest = {"settings": settings, "shards": {}}
+    aux_layers = tuple(manifest["settings"].get("aux_layers", aux_layers))  # new batches keep the folder's kind
     paths: list[Path] = []
     spent: list[float] = []
     for n, batch in enumerate(plan.batches):
@@ -311,6 +313,18 @@ def generate_data(
         new = sum(len(s.tokens) - s.gen_start for s in seqs)
         progress.update(len(batch), batch=n + 1, generated=new, s_per_batch=spent[-1])
     return paths
+
+
+def serves(stored: dict, wanted: dict) -> bool:
+    """Whether data made under ``stored`` settings serve a run that wants ``wanted``: the same, or
+    the same but for the layer streams an EAGLE-3 head needs, which an MTP head does not read.
+
+    >>> serves({"top_k": 20, "aux_layers": [14, 25, 28]}, {"top_k": 20}), serves({"top_k": 20}, {"top_k": 20, "aux_layers": [1]})
+    (True, False)
+    """
+    if "aux_layers" not in wanted:
+        stored = {k: v for k, v in stored.items() if k != "aux_layers"}
+    return stored == wanted
 
 
 # ==== the draft vocabulary ========================================================================
