@@ -213,6 +213,8 @@ def test_an_mtp_head_trains_on_the_data_made_for_an_eagle3_head(trained, tmp_pat
     data = tmp_path / "mtp" / "train" / "data"
     shutil.copytree(trained["head"] / "train" / "data", data)
     before = {p.name: p.stat().st_mtime_ns for p in data.glob("*.safetensors")}
-    r = train_head(str(trained["target"]), tmp_path / "mtp", replace(RECIPE, arch="mtp", epochs=1), quiet=True, say=lambda m: None)
+    r = train_head(
+        str(trained["target"]), tmp_path / "mtp", replace(RECIPE, arch="mtp", epochs=1), quiet=True, say=lambda m: None
+    )
     assert {p.name: p.stat().st_mtime_ns for p in data.glob("*.safetensors")} == before
     assert r.head.arch == "mtp" and r.eval["positions"] > 0
