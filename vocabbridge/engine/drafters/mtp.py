@@ -127,7 +127,6 @@ class MTPDrafter(Drafter):
         self.stop_ids = frozenset(stop_ids)
         self.min_confidence = min_confidence
         self.source = source
-        self.hidden_size = head.parts.hidden_size
         self.device = head.parts.embed.weight.device
         self.dtype = head.norm.weight.dtype  # activations (int8 heads keep fp32 norms and activations)
         self.d2t = head.d2t.tolist() if head.d2t is not None else None
