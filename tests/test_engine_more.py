@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from vocabbridge.cli import main
@@ -141,6 +142,7 @@ def test_confidence_gating_stays_lossless_and_drafts_less(tiny, gate):
     assert gated.stats.draft_tokens < free.stats.draft_tokens
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="int8 (fbgemm's dynamic quantization) runs on the CPU only")
 def test_int8_drafter_is_lossless(tiny):
     from vocabbridge.engine import load_causal_lm
 
@@ -181,3 +183,12 @@ def test_tli_drafter_is_vllms_heterogeneous_path_and_stays_lossless(tiny, tmp_pa
     assert unpaired and all(fed[i] == d.token_map.draft_unk_id for i in unpaired)
     params = SamplingParams(max_new_tokens=24)
     assert built.engine.generate(ids, params).tokens == SpecEngine(t).generate(ids, params).tokens
+
+
+def test_an_int8_drafter_on_a_gpu_is_refused_with_the_fix():
+    """Dynamic int8 quantization is fbgemm's, CPU only: --drafter-dtype int8 on CUDA says so and what to use."""
+    from vocabbridge.engine.model import drafter_dtype_for
+
+    with pytest.raises(ConfigError, match="CPU only.*--drafter-dtype auto"):
+        drafter_dtype_for("int8", "cuda:0", "bfloat16")
+    assert drafter_dtype_for("auto", "cuda", "bfloat16") == "bfloat16"

@@ -26,6 +26,11 @@ from vocabbridge.heads.train import Recipe, train_head
 from vocabbridge.spec import EngineSpec
 from vocabbridge.testing import tiny_model
 
+CPU_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="int8 (fbgemm's dynamic quantization) runs on the CPU only; on a GPU the target runs bf16"
+)
+
+
 TINY_RECIPE = Recipe(
     max_prompts=16,
     new_tokens=16,
@@ -108,6 +113,7 @@ def test_training_data_are_the_targets_own_greedy_continuations(trained):
     shard = sorted((trained["head"] / "train" / "data").glob("*.safetensors"))[0]
     s = load_shard(shard)[0]
     logits, hidden = target.session().extend(s.tokens[:-1].tolist(), keep=len(s.tokens) - 1, hidden=True)
+    logits, hidden = logits.cpu(), hidden.cpu()
     assert s.positions == len(s.tokens) - 1
     assert torch.equal(logits.argmax(-1)[s.gen_start - 1 :], s.tokens[s.gen_start :])  # greedy continuation
     assert torch.equal(s.topk_ids[:, 0].long(), logits.argmax(-1))  # soft labels: the target's top-k
@@ -137,6 +143,7 @@ def test_rows_that_finish_leave_the_batch_and_the_others_continue_as_alone(train
     assert torch.equal(got[1].topk_ids, alone[1].topk_ids[: len(cut) - 1])
 
 
+@CPU_ONLY
 def test_int8_data_are_the_int8_targets_own_continuations_and_other_settings_regenerate_them(trained, tmp_path):
     """data_dtype int8 (the CPU default): the continuations --dtype int8 serves; a change of the data
     settings does not reuse the shards on disk."""
@@ -207,18 +214,21 @@ def test_the_parallel_chain_equals_incremental_drafting(trained, engine_target):
     head = _drafter(engine_target, trained["head"]).head
     seq = load_shard(sorted((trained["head"] / "train" / "data").glob("*.safetensors"))[0])[1]
     t2d = torch.full((engine_target.vocab_size,), -1, dtype=torch.long)
-    t2d[head.d2t] = torch.arange(head.draft_vocab_size)
-    b: Batch = collate([seq], t2d, 10_000)
+    t2d[head.d2t.cpu()] = torch.arange(head.draft_vocab_size)
+    dev = engine_target.device
+    b: Batch = collate([seq], t2d, 10_000).to(dev)
     with torch.inference_mode():
         outs = chain(head, b, 3)
         hidden, tokens = b.hidden[0], b.next_tokens[0]
         for p1 in (5, seq.gen_start, b.hidden.shape[1] - 3):
             cache = DynamicCache()
-            pos = torch.arange(p1 + 1)
-            g = head(hidden[None, : p1 + 1], tokens[None, : p1 + 1], pos[None], cache=cache, mask=causal_mask(p1 + 1, 0))[0, -1]
+            pos = torch.arange(p1 + 1, device=dev)
+            mask = causal_mask(p1 + 1, 0, device=dev)
+            g = head(hidden[None, : p1 + 1], tokens[None, : p1 + 1], pos[None], cache=cache, mask=mask)[0, -1]
             assert torch.allclose(g, outs[0][0, p1], atol=1e-4)
             for s in (1, 2):
-                g = head(g.view(1, 1, -1), tokens[None, p1 + s : p1 + s + 1], torch.tensor([[p1 + s]]), cache=cache)[0, -1]
+                at = torch.tensor([[p1 + s]], device=dev)
+                g = head(g.view(1, 1, -1), tokens[None, p1 + s : p1 + s + 1], at, cache=cache)[0, -1]
                 assert torch.allclose(g, outs[s][0, p1 + s], atol=1e-4), (p1, s)
 
 
@@ -242,6 +252,7 @@ def test_mtp_drafter_greedy_output_is_identical_to_plain(trained, engine_target,
     assert drafted > 0
 
 
+@CPU_ONLY
 def test_mtp_drafter_with_int8_and_prefill_chunks_stays_lossless(trained, engine_target):
     spec = EngineSpec(target=engine_target.source, drafter=f"mtp:{trained['head']}", drafter_dtype="int8")
     d = MTPDrafter.from_spec(spec, engine_target, None)
@@ -344,8 +355,10 @@ def test_a_fresh_head_outputs_the_targets_own_hidden_state(tiny, scale):
         try:
             ids = t.view.encode(PROMPTS[0])
             logits, hidden = t.session().extend(ids, keep=len(ids), hidden=True)
-            head = new_head(parts, draft_ids=None)
-            g = head(hidden[None], torch.tensor([ids[1:] + [0]]), torch.arange(len(ids))[None], mask=causal_mask(len(ids), 0))
+            dev = hidden.device
+            head = new_head(parts, draft_ids=None).to(dev)
+            nxt, pos = torch.tensor([ids[1:] + [0]], device=dev), torch.arange(len(ids), device=dev)[None]
+            g = head(hidden[None], nxt, pos, mask=causal_mask(len(ids), 0, device=dev))
         finally:
             parts.final_norm.weight.div_(scale)
     assert torch.allclose(g[0], hidden, rtol=1e-3, atol=1e-3 * scale)
@@ -386,6 +399,7 @@ def test_batches_cover_every_sequence_once():
     assert all(max(min(s.positions, 64) for s in b) * len(b) <= 64 or len(b) == 1 for b in out)
 
 
+@CPU_ONLY
 def test_mtp_drafter_on_the_int8_target_stays_lossless(trained):
     """The head over the batch-invariant int8 target (--dtype int8): its lm_head rows come from the
     target's int8 lm_head, its inputs are the int8 target's hidden states."""

@@ -162,7 +162,7 @@ def test_drafter_mtp_loads_the_checkpoints_own_head(checkpoint):
     got = d.head.state_dict()
     assert set(got) == set(checkpoint["state"])
     for k, v in checkpoint["state"].items():
-        assert torch.allclose(got[k].float(), v.float()), k
+        assert torch.allclose(got[k].float().cpu(), v.float()), k
     assert d.head.lm_head is None  # the target's own lm_head, shared (as vLLM shares it)
     ids = target.view.encode("Hello world! It's a beautiful day")
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
@@ -214,12 +214,14 @@ def test_the_export_reads_back_as_the_same_head(head_dir, tok_dirs):
     ours = MTPDrafter.from_spec(spec, target, None).head
     layout, weights = read_mtp_weights([head_dir / "vllm" / "model.safetensors"], num_layers=parts.num_layers)
     assert layout == "mimo"
-    back = head_from_weights(parts, layout, weights, source="export")
+    dev = target.device
+    back = head_from_weights(parts, layout, weights, source="export").to(dev)
     torch.manual_seed(1)
     h, toks, pos = torch.randn(1, 6, parts.hidden_size), torch.randint(0, 800, (1, 6)), torch.arange(6)[None]
+    h, toks, pos = h.to(dev), toks.to(dev), pos.to(dev)
     with torch.inference_mode():
-        a = ours(h, toks, pos, mask=causal_mask(6, 0))
-        b = back(h, toks, pos, mask=causal_mask(6, 0))
+        a = ours(h, toks, pos, mask=causal_mask(6, 0, device=dev))
+        b = back(h, toks, pos, mask=causal_mask(6, 0, device=dev))
     assert torch.allclose(a, b, atol=5e-2)  # bf16 weights in the export
 
 

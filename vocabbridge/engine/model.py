@@ -27,7 +27,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from ..errors import ModelLoadError, RequestError
+from ..errors import ConfigError, ModelLoadError, RequestError
 
 with warnings.catch_warnings():  # torch.utils.mkldnn's ScriptModules warn that script_method is deprecated
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -57,6 +57,11 @@ def drafter_dtype_for(requested: str, device: str, target_dtype: str) -> str:
     >>> drafter_dtype_for("auto", "cpu", "float32"), drafter_dtype_for("auto", "cuda", "bfloat16")
     ('int8', 'bfloat16')
     """
+    if requested in QUANTIZED and not device.startswith("cpu"):
+        raise ConfigError(
+            f"--drafter-dtype {requested}: dynamic int8 quantization runs on the CPU only; on {device} use "
+            "--drafter-dtype auto (the target's dtype) or bfloat16."
+        )
     if requested != "auto":
         return requested
     return "int8" if device == "cpu" else target_dtype

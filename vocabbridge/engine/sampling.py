@@ -56,5 +56,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from a [V] distribution."""
+    """One token from a [V] distribution. A seeded request's generator lives on the CPU (the same
+    seed draws the same tokens whatever device computed the distribution), so a distribution from
+    a GPU is drawn from there."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -338,7 +338,8 @@ def evaluate(
     d2t = head.d2t.to(device) if head.d2t is not None else None
     scorers = {"": lambda g: d2t[head.logits(g).argmax(-1)] if d2t is not None else head.logits(g).argmax(-1)}
     if full_vocab and head.lm_head is not None and head.arch == "mtp":  # what vLLM runs of the MTP head's export
-        scorers["_full_vocab"] = lambda g: head.parts.lm_head(g).argmax(-1)
+        lm_head = head.parts.lm_head  # the target's, in the target's dtype (bf16 on a GPU, the head's float32 aside)
+        scorers["_full_vocab"] = lambda g: lm_head(g.to(lm_head.weight.dtype)).argmax(-1)
     accepted = {name: [0] * k for name in scorers}
     windows, loss_sum, loss_n = 0, 0.0, 0
     for group in batches(seqs, batch_tokens=batch_tokens, rng=random.Random(0)):

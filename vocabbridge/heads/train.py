@@ -342,7 +342,7 @@ class _Training:
             return
         ck = torch.load(self.ckpt, map_location=self.device, weights_only=False)
         d2t = self.head.d2t.cpu() if self.head.d2t is not None else torch.empty(0)
-        if ck["recipe"] != self.recipe.training_key() or not torch.equal(ck["d2t"], d2t):
+        if ck["recipe"] != self.recipe.training_key() or not torch.equal(ck["d2t"].cpu(), d2t):
             raise ConfigError(
                 f"{self.ckpt} was written by another recipe or other data; pass --restart to train from scratch "
                 f"(the generated data is kept), or use another -o folder."
