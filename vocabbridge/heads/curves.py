@@ -29,7 +29,7 @@ def _smooth(xs: list[float], n: int = 9) -> list[float]:
     return out
 
 
-def plot_curves(history: list[dict], folder: Path) -> list[Path]:
+def plot_curves(history: list[dict], folder: Path, *, name: str = "MTP head") -> list[Path]:
     """Write loss.png and acceptance.png for ``history`` (train.py's records) into ``folder``."""
     plt = _pyplot()
     folder.mkdir(parents=True, exist_ok=True)
@@ -46,7 +46,7 @@ def plot_curves(history: list[dict], folder: Path) -> list[Path]:
         ax.plot([h["step"] for h in evals], [h["eval"]["loss"] for h in evals], "ko-", label="held-out, step 1")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("soft cross-entropy (nats)")
-    ax.set_title("MTP head: loss against the target's top-k")
+    ax.set_title(f"{name}: loss against the target's top-k")
     ax.legend(fontsize=8)
     loss_png = folder / "loss.png"
     fig.tight_layout()
@@ -63,7 +63,7 @@ def plot_curves(history: list[dict], folder: Path) -> list[Path]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("greedy acceptance (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("MTP head: held-out acceptance by draft position")
+    ax.set_title(f"{name}: held-out acceptance by draft position")
     ax.legend(fontsize=8)
     acc_png = folder / "acceptance.png"
     fig.tight_layout()

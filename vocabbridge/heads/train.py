@@ -53,6 +53,7 @@ SAVE_RESERVE_S = 20.0  # of a budget, kept for saving the head and plotting
 FINAL_EVAL_COST = 2.5  # the final evaluation (draft and whole vocabulary) against one evaluation on the curves (measured: ~2.3×)
 INITS = ("least-squares", "identity")
 ARCHS = ("mtp", "eagle3")
+HEAD_NAMES = {"mtp": "MTP head", "eagle3": "EAGLE-3 head"}
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ def train_head(target: str, folder: Path, recipe: Recipe, *, restart: bool = Fal
     )
     atomic_write_text(work / "eval.json", json.dumps(ev, indent=2) + "\n")
     atomic_write_text(work / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in run.history))
-    plot_curves(run.history, work)
+    plot_curves(run.history, work, name=HEAD_NAMES[recipe.arch])
     return TrainResult(folder, head, ev, timings, tokens, run.history)
 
 
@@ -444,7 +445,7 @@ class _Training:
     def _end_of_epoch(self, epoch: int) -> None:
         self._evaluate(self.step, epoch)
         self._checkpoint()
-        plot_curves(self.history, self.work)
+        plot_curves(self.history, self.work, name=HEAD_NAMES[self.recipe.arch])
 
     def _checkpoint(self) -> None:
         state = {
