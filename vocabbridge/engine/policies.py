@@ -78,6 +78,10 @@ class RowCosts:
     >>> c.observe(1, 0.100); c.observe(5, 0.300)
     >>> round(c.seconds(3), 3), round(c.seconds(7), 3)
     (0.2, 0.4)
+    >>> noisy = RowCosts()
+    >>> noisy.observe(3, 0.2); noisy.observe(5, 0.05)  # noise slopes the line down: 7 rows still cost what 5 do
+    >>> noisy.seconds(7), noisy.seconds(1)
+    (0.05, 0.2)
     """
 
     def __init__(self, smoothing: float = 0.3):
@@ -114,7 +118,14 @@ class RowCosts:
             return next(iter(self.by_rows.values()))
         pts = sorted(self.by_rows)
         lo, hi = (pts[-2], pts[-1]) if below else (pts[0], pts[1])
-        return max(0.0, self._line(lo, hi, rows))
+        line = self._line(lo, hi, rows)
+        # Noisy timings can slope the wrong way: more rows never cost less than the most measured
+        # below them, and fewer rows never cost more than the fewest above them, nor nothing (a
+        # zero would divide a rate by zero).
+        if below:
+            return max(self.by_rows[max(below)], line)
+        nearest = self.by_rows[min(above)]
+        return min(nearest, max(0.5 * nearest, line))
 
     def _line(self, lo: int, hi: int, rows: int) -> float:
         a, b = self.by_rows[lo], self.by_rows[hi]
