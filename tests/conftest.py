@@ -12,6 +12,11 @@ from vocabbridge.testing import make_extended, train_base, train_sentencepiece
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One cache for the whole run, both xdist workers and the servers they start: a GGUF checkpoint is
+# converted to its fp32 HF folder once (35 s for SmolLM2, minutes for the 0.5B under load), not once
+# per test module; kept between runs (the key holds the file's size, mtime and transformers'
+# version), never in the user's ~/.cache. Tests of the caching itself point it at their own folder.
+os.environ.setdefault("VOCABBRIDGE_CACHE", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "vocabbridge"))
 
 FIRST = ("test_vllm_real.py",)  # the longest file (a vLLM start per test): started first, so it is not the tail
 

@@ -20,22 +20,15 @@ SMOL = Path(os.environ.get("VOCABBRIDGE_MODELS", REPO.parent / "models")) / "Smo
 
 
 @pytest.fixture(scope="module")
-def smol_cache(tmp_path_factory):
+def smol_model():
     if not SMOL.is_file():
         why = f"needs {SMOL} (../shared/tools/fetch-models.sh DEST smollm2-135m, then VOCABBRIDGE_MODELS=DEST)"
         if os.environ.get("VOCABBRIDGE_REQUIRE_REAL"):
             pytest.fail(why)
         pytest.skip(why)
-    old = os.environ.get("VOCABBRIDGE_CACHE")
-    os.environ["VOCABBRIDGE_CACHE"] = str(tmp_path_factory.mktemp("vb-cache"))  # the converted copy goes here
-    yield
-    if old is None:
-        os.environ.pop("VOCABBRIDGE_CACHE", None)
-    else:
-        os.environ["VOCABBRIDGE_CACHE"] = old
 
 
-def test_a_head_trained_on_smollm2_drafts_losslessly(smol_cache, tmp_path):
+def test_a_head_trained_on_smollm2_drafts_losslessly(smol_model, tmp_path):
     recipe = Recipe(max_prompts=12, new_tokens=24, epochs=1, draft_vocab=4096)
     r = train_head(str(SMOL), tmp_path / "head", recipe, quiet=True, say=lambda m: None)
     assert r.tokens["generated"] > 100 and r.eval["positions"] > 0

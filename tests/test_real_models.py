@@ -39,16 +39,11 @@ def need_model(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def smol(tmp_path_factory):
+def smol():
+    """The models a module's tests load, shared (``build_engine(loaded=...)``); the fp32 copies of the
+    GGUF weights go to the test run's cache (conftest), converted once per run."""
     need_model(SMOL)
-    cache = tmp_path_factory.mktemp("vb-cache")
-    old = os.environ.get("VOCABBRIDGE_CACHE")
-    os.environ["VOCABBRIDGE_CACHE"] = str(cache)  # the fp32 copy of the GGUF weights goes here, not in ~/.cache
-    yield {}
-    if old is None:
-        os.environ.pop("VOCABBRIDGE_CACHE", None)
-    else:
-        os.environ["VOCABBRIDGE_CACHE"] = old
+    return {}
 
 
 def _built(loaded, drafter, **kw):
