@@ -17,6 +17,7 @@ finds that a lone row computes as a batch row, else padded to two). Each cell: t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -45,6 +46,17 @@ def measure(lm, context: int, repeats: int) -> dict[int, float]:
     return out
 
 
+def vector_units() -> str:
+    """What the kernels may use: llama.cpp's build flags where it is installed, else the CPU's."""
+    try:
+        from llama_cpp import llama_print_system_info
+
+        return "llama.cpp built with: " + llama_print_system_info().decode().strip()
+    except ImportError:
+        flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
+        return "CPU flags: " + " ".join(sorted({f for f in flags if f.startswith(("avx", "amx"))}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -53,6 +65,10 @@ def main() -> None:
     ap.add_argument("--backends", default="fp32,int8-naive,int8-invariant,llama.cpp,llama.cpp-invariant")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    known = ("fp32", "int8-naive", "int8-invariant", "llama.cpp", "llama.cpp-invariant")
+    unknown = [b for b in args.backends.split(",") if b not in known]
+    if unknown:
+        ap.error(f"unknown backend {', '.join(unknown)}; the backends: {', '.join(known)}")
     src = resolve_model(args.target)
     rows = {}
     for name in args.backends.split(","):
@@ -77,7 +93,8 @@ def main() -> None:
         lines.append(f"| {name} | {cells} | **{t[5] / t[1]:.2f}** |")
     table = "\n".join(lines)
     cmd = "VOCABBRIDGE_MODELS=... python benchmarks/bench_rows.py " + " ".join(sys.argv[1:])
-    text = f"# One forward's cost by rows: {args.target}, {args.context}-token cache\n\n`{cmd}`\n\n{table}\n"
+    cpu = f"{os.cpu_count()} cores; {vector_units()}"
+    text = f"# One forward's cost by rows: {args.target}, {args.context}-token cache\n\n`{cmd}`\n\n{cpu}\n\n{table}\n"
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
