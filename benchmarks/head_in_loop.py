@@ -17,49 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from vocabbridge.bench import load_prompts, select_prompts
 from vocabbridge.chat import chat_prompt_ids
 from vocabbridge.engine import SamplingParams
+from vocabbridge.engine.drafters.base import record_proposals
 from vocabbridge.engine.factory import build_engine
-from vocabbridge.heads.model import causal_mask
 from vocabbridge.spec import EngineSpec
-
-
-def recorded(drafter, log: list) -> None:
-    """Log (context length, draft tokens) of every proposal the drafter's sessions make."""
-    session = drafter.session
-
-    def new_session(prompt):
-        s = session(prompt)
-        propose = s.propose
-
-        def logged(context, k, params, generator):
-            p = propose(context, k, params, generator)
-            log.append((len(context), list(p.tokens)))
-            return p
-
-        s.propose = logged
-        return s
-
-    drafter.session = new_session
-
-
-def offline_argmax(engine, full: list[int]) -> list[int]:
-    """The head's teacher-forced guess for full[i + 2] at every i (target ids)."""
-    target, d = engine.target, engine.drafter
-    head = d.head
-    _, hidden = target.session().extend(full, keep=1, hidden=head.target_features)
-    n = len(full) - 1
-    with torch.inference_mode():
-        g = head(
-            head.combine(hidden[:n].to(d.device, d.dtype))[None],
-            torch.tensor([full[1:]], device=d.device),
-            torch.arange(n, device=d.device)[None],
-            mask=causal_mask(n, 0, device=d.device),
-        )[0]
-        return [d.to_target(j) for j in head.logits(g).argmax(-1).tolist()]
 
 
 def main() -> None:
@@ -88,11 +51,12 @@ def main() -> None:
         offline, full = None, None
         for hd, engine in engines.items():
             log: list = []
-            recorded(engine.drafter, log)
+            record_proposals(engine.drafter, log)
             answer = engine.generate(ids, SamplingParams(max_new_tokens=args.max_tokens)).tokens
             if full is None:
                 full = ids + answer
-                offline = offline_argmax(engines["float32"], full)
+                reference = engines["float32"]
+                offline = reference.drafter.teacher_forced(reference.target, full)
                 answer_at = range(len(ids) - 2, len(full) - 2)
                 accuracy = sum(offline[i] == full[i + 2] for i in answer_at) / len(answer_at)
             assert ids + answer == full, "greedy answers differ between the two heads' runs"

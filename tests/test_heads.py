@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 from vocabbridge.cli import main
 from vocabbridge.engine import SamplingParams, SpecEngine, load_causal_lm
+from vocabbridge.engine.drafters.base import record_proposals
 from vocabbridge.engine.drafters.mtp import MTPDrafter
 from vocabbridge.engine.factory import build_engine
 from vocabbridge.errors import ConfigError
@@ -239,42 +240,18 @@ def test_in_the_loop_the_head_drafts_what_it_predicts_teacher_forced(trained, en
     predictions (prefill chunks, rollbacks and chained steps included)."""
     d = _drafter(engine_target, trained["head"])
     proposals = []
-    session = d.session
-
-    def recording(prompt):
-        s = session(prompt)
-        propose = s.propose
-
-        def logged(context, k, params, generator):
-            p = propose(context, k, params, generator)
-            proposals.append((len(context), list(p.tokens)))
-            return p
-
-        s.propose = logged
-        return s
-
-    d.session = recording
+    record_proposals(d, proposals)
     engine = SpecEngine(engine_target, d, num_speculative_tokens=3, prefill_chunk=5)
-    head, dev = d.head, engine_target.device
     checked = 0
     for p in PROMPTS:
         proposals.clear()
         ids = engine_target.view.encode(p)
         full = ids + engine.generate(ids, SamplingParams(max_new_tokens=32, ignore_eos=True)).tokens
-        _, hidden = engine_target.session().extend(full, keep=1, hidden=head.target_features)
-        n = len(full) - 1
-        with torch.inference_mode():
-            g = head(
-                head.combine(hidden[:n].to(dev, d.dtype))[None],
-                torch.tensor([full[1:]], device=dev),
-                torch.arange(n, device=dev)[None],
-                mask=causal_mask(n, 0, device=dev),
-            )[0]
-            offline = head.logits(g).argmax(-1).tolist()  # offline[i]: the head's guess for full[i + 2]
+        offline = d.teacher_forced(engine_target, full)  # offline[i]: the head's guess for full[i + 2]
         drafted = [(n_ctx, toks) for n_ctx, toks in proposals if toks]
         assert drafted
         for n_ctx, toks in drafted:
-            assert toks[0] == d.to_target(offline[n_ctx - 2]), (p, n_ctx)
+            assert toks[0] == offline[n_ctx - 2], (p, n_ctx)
         checked += len(drafted)
     assert checked > 10
 

@@ -82,6 +82,26 @@ class Drafter:
         return {"name": self.name}
 
 
+def record_proposals(drafter: Drafter, log: list[tuple[int, list[int]]]) -> None:
+    """Make every session of ``drafter`` append (context length, drafted tokens) to ``log`` for each
+    proposal (a diagnostic: where drafts start and what they hold, e.g. against a teacher-forced pass)."""
+    session = drafter.session
+
+    def recording(prompt):
+        s = session(prompt)
+        propose = s.propose
+
+        def logged(context, k, params, generator):
+            p = propose(context, k, params, generator)
+            log.append((len(context), list(p.tokens)))
+            return p
+
+        s.propose = logged
+        return s
+
+    drafter.session = recording
+
+
 class _NoDraft(DraftSession):
     free = True
 

@@ -160,6 +160,22 @@ class MTPDrafter(Drafter):
         stops = [roles[r] for r in ("eos", "end_of_turn") if r in roles]
         return cls(head, target_vocab_size=target.vocab_size, stop_ids=stops, min_confidence=spec.min_confidence, source=source)
 
+    @torch.inference_mode()
+    def teacher_forced(self, target, tokens: list[int]) -> list[int]:
+        """The head's greedy guess for ``tokens[i + 2]`` at every i (target ids), teacher-forced: one
+        target forward over ``tokens`` and one head pass over all its pairs (h_i, x_{i+1}), what the
+        held-out evaluation scores; in the engine's loop the head drafts the same first tokens."""
+        head, dev = self.head, self.device
+        _, hidden = target.session().extend(tokens, keep=1, hidden=head.target_features)
+        n = len(tokens) - 1
+        g = head(
+            head.combine(hidden[:n].to(dev, self.dtype))[None],
+            torch.tensor([tokens[1:]], device=dev),
+            torch.arange(n, device=dev)[None],
+            mask=causal_mask(n, 0, device=dev),
+        )[0]
+        return [self.to_target(j) for j in head.logits(g).argmax(-1).tolist()]
+
     def to_target(self, j: int) -> int:
         """Draft id → target id."""
         return j if self.d2t is None else self.d2t[j]
