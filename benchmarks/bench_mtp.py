@@ -27,16 +27,16 @@ from pathlib import Path
 
 import torch
 
-from vocabbridge.bench.prompts import load_prompts, select_prompts
 from vocabbridge.chat import chat_prompt_ids
 from vocabbridge.engine import DraftModelDrafter, SamplingParams, SpecEngine
 from vocabbridge.engine.drafters.mtp import MTPDrafter
 from vocabbridge.engine.invariant import INVARIANT_ROWS
 from vocabbridge.engine.model import load_causal_lm
 from vocabbridge.engine.stats import SpecStats
-from vocabbridge.heads.train import Recipe, train_head
 from vocabbridge.presets import resolve_model
+from vocabbridge.prompts import load_prompts, select_prompts
 from vocabbridge.spec import EngineSpec
+from vocabbridge.training.train import Recipe, train_head
 
 
 def variants(view, prompts) -> list[tuple[str, list[int]]]:

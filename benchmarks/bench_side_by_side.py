@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vocabbridge.bench import BenchSettings, Endpoint, bench_endpoint, load_prompts, select_prompts, write_outputs  # noqa: E402
-from vocabbridge.bench.launch import DrafterChoice, LaunchSettings, bench_launched, free_port, stop_process  # noqa: E402
 from vocabbridge.bench.protocol import finish  # noqa: E402
+from vocabbridge.launcher import DrafterChoice, LaunchSettings, bench_launched, free_port, stop_process  # noqa: E402
 from vocabbridge.presets import resolve_model  # noqa: E402
 from vocabbridge.report import fmt_float, fmt_pct  # noqa: E402
 from vocabbridge.spec import EngineSpec  # noqa: E402

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vocabbridge.bench.counters import parse_counters  # noqa: E402
-from vocabbridge.bench.prompts import load_prompts  # noqa: E402
 from vocabbridge.engine.factory import build_engine  # noqa: E402
+from vocabbridge.prompts import load_prompts  # noqa: E402
 from vocabbridge.server import serve_in_thread  # noqa: E402
 from vocabbridge.spec import EngineSpec  # noqa: E402
 

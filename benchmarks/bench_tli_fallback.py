@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vocabbridge.bench.prompts import load_prompts, select_prompts  # noqa: E402
 from vocabbridge.chat import chat_prompt_ids  # noqa: E402
 from vocabbridge.engine.factory import build_engine  # noqa: E402
 from vocabbridge.engine.offline import eval_drafter, greedy_continuations  # noqa: E402
 from vocabbridge.mapping.tokenmap import UNPAIRED_ENV  # noqa: E402
+from vocabbridge.prompts import load_prompts, select_prompts  # noqa: E402
 from vocabbridge.spec import EngineSpec  # noqa: E402
 
 MAP = ROOT / "maps" / "smollm2_to_qwen2.5.json"

@@ -12,14 +12,15 @@ from click.testing import CliRunner
 from vocabbridge.bench import BenchSettings, Endpoint, bench_urls, parse_prompts, sections, write_outputs
 from vocabbridge.bench.client import BenchClient
 from vocabbridge.bench.counters import counter_delta
-from vocabbridge.bench.launch import LaunchSettings, bench_launched, parse_drafters
 from vocabbridge.bench.results import ConfigResult, Figures, RequestResult
 from vocabbridge.cli import main
 from vocabbridge.engine import SamplingParams
 from vocabbridge.engine.factory import EngineSpec, build_engine
-from vocabbridge.errors import BenchError
+from vocabbridge.errors import BenchError, ConfigError
+from vocabbridge.launcher import LaunchSettings, bench_launched
 from vocabbridge.report import to_json
 from vocabbridge.server import serve_in_thread
+from vocabbridge.spec import parse_drafters
 
 SUITE = (
     '{"id": "hello", "category": "chat", "language": "en", "messages": [{"role": "user", "content": "Hello world! How are you?"}]}\n'
@@ -324,18 +325,18 @@ def test_subprocess_that_cannot_start_shows_its_last_lines(tmp_path, monkeypatch
     assert f"its last lines ({log})" in err
 
 
-def test_serve_argv_passes_every_engine_option_as_serve_spells_it():
+def test_serve_command_passes_every_engine_option_as_serve_spells_it():
     import dataclasses
 
-    from vocabbridge.bench.launch import NOT_SERVE_OPTIONS, serve_argv
     from vocabbridge.cli.serve_cmd import serve_cmd
+    from vocabbridge.launcher import NOT_SERVE_OPTIONS, serve_command
 
     from .test_spec import CHANGED as changed  # a non-default value for every field, kept in one place
 
     fields = {f.name for f in dataclasses.fields(EngineSpec)} - set(NOT_SERVE_OPTIONS)
     assert fields <= set(changed), f"a new EngineSpec field to pass to serve: {fields - set(changed)}"
     spec = EngineSpec(target="t", drafter="d", **{k: v for k, v in changed.items() if k in fields})
-    argv = serve_argv(spec, backend="embedded", port=9, max_num_seqs=2)[3:]
+    argv = serve_command(spec, backend="embedded", port=9, max_num_seqs=2)[3:]
     known = {o for p in serve_cmd.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]}
     flags = [a for a in argv[1:] if a.startswith("-")]
     assert len(flags) == len(fields) + 2 + 4 and set(flags) <= known, set(flags) - known
@@ -348,11 +349,11 @@ def test_drafter_lists_and_settings_are_checked():
         "smollm2-135m:bridged",
         "smollm2-135m:text",
     ]
-    with pytest.raises(BenchError, match="more than once"):
+    with pytest.raises(ConfigError, match="more than once"):
         parse_drafters("ngram,ngram")
-    with pytest.raises(BenchError, match="a mode applies to model drafters only"):
+    with pytest.raises(ConfigError, match="a mode applies to model drafters only"):
         parse_drafters("ngram:text")
-    with pytest.raises(BenchError, match="empty item"):
+    with pytest.raises(ConfigError, match="empty item"):
         parse_drafters("none,,ngram")
     with pytest.raises(BenchError, match="--thinking must be one of"):
         BenchSettings(thinking="maybe")

@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from vocabbridge.bench.prompts import load_prompts, parse_prompts, select_prompts
 from vocabbridge.cli import main
 from vocabbridge.errors import PromptFileError
+from vocabbridge.prompts import load_prompts, parse_prompts, select_prompts
 
 from .conftest import shared_tokenizer
 

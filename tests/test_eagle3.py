@@ -17,13 +17,13 @@ from vocabbridge.engine import SamplingParams, SpecEngine, load_causal_lm
 from vocabbridge.engine.drafters.mtp import MTPDrafter
 from vocabbridge.engine.factory import build_engine
 from vocabbridge.errors import ConfigError
-from vocabbridge.heads.chain import chain, collate
-from vocabbridge.heads.data import load_shard
+from vocabbridge.heads.draft_head import causal_mask, target_parts
 from vocabbridge.heads.eagle3 import Eagle3Head, default_aux_layers, new_eagle3_head
-from vocabbridge.heads.model import causal_mask, target_parts
-from vocabbridge.heads.train import Recipe, train_head
 from vocabbridge.spec import EngineSpec
 from vocabbridge.testing import tiny_model
+from vocabbridge.training.chain import chain, collate
+from vocabbridge.training.data import load_shard
+from vocabbridge.training.train import Recipe, train_head
 
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(), reason="int8 (fbgemm's dynamic quantization) runs on the CPU only; on a GPU the target runs bf16"

@@ -19,13 +19,13 @@ from vocabbridge.engine.drafters.base import record_proposals
 from vocabbridge.engine.drafters.mtp import MTPDrafter
 from vocabbridge.engine.factory import build_engine
 from vocabbridge.errors import ConfigError
-from vocabbridge.heads.chain import Batch, chain, collate
-from vocabbridge.heads.data import load_shard
-from vocabbridge.heads.model import causal_mask, new_head, target_parts
+from vocabbridge.heads.draft_head import causal_mask, new_head, target_parts
 from vocabbridge.heads.store import load_head
-from vocabbridge.heads.train import Recipe, train_head
 from vocabbridge.spec import EngineSpec
 from vocabbridge.testing import tiny_model
+from vocabbridge.training.chain import Batch, chain, collate
+from vocabbridge.training.data import load_shard
+from vocabbridge.training.train import Recipe, train_head
 
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(), reason="int8 (fbgemm's dynamic quantization) runs on the CPU only; on a GPU the target runs bf16"
@@ -124,7 +124,7 @@ def test_training_data_are_the_targets_own_greedy_continuations(trained):
 def test_rows_that_finish_leave_the_batch_and_the_others_continue_as_alone(trained):
     """generate_batch drops a finished row from the batch and its KV cache: the rows left decode
     exactly what each decodes alone, and the finished one keeps its features up to its stop."""
-    from vocabbridge.heads.data import generate_batch
+    from vocabbridge.training.data import generate_batch
 
     target = load_causal_lm(str(trained["target"]), dtype="float32", pack=False)
     prompts = [[5, 17, 30, 41], [7, 8, 9], [100, 3, 60, 61, 62]]
@@ -415,7 +415,7 @@ def test_spec_parses_mtp_with_a_head_folder():
 
 
 def test_batches_cover_every_sequence_once():
-    from vocabbridge.heads.chain import batches
+    from vocabbridge.training.chain import batches
 
     seqs = [type("S", (), {"positions": n})() for n in (5, 50, 7, 300, 12, 40)]
     out = batches(seqs, batch_tokens=64, rng=random.Random(0))

@@ -12,8 +12,8 @@ import pytest
 from vocabbridge.chat import chat_prompt_ids
 from vocabbridge.engine import SamplingParams, SpecEngine
 from vocabbridge.engine.factory import build_engine
-from vocabbridge.heads.train import Recipe, train_head
 from vocabbridge.spec import EngineSpec
+from vocabbridge.training.train import Recipe, train_head
 
 REPO = Path(__file__).resolve().parents[1]
 SMOL = Path(os.environ.get("VOCABBRIDGE_MODELS", REPO.parent / "models")) / "SmolLM2-135M-Instruct.Q4_1.gguf"

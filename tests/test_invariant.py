@@ -16,7 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from vocabbridge.engine import SamplingParams, SpecEngine
 from vocabbridge.engine.factory import build_engine
 from vocabbridge.engine.invariant import INVARIANT_ROWS, KEY_BLOCK, FusedPart, RowInt8Linear, make_invariant, probe_lone_rows
-from vocabbridge.engine.model import CausalLM, quantize_int8
+from vocabbridge.engine.model import CausalLM
+from vocabbridge.engine.quant import quantize_int8
 from vocabbridge.spec import EngineSpec
 
 from .test_real_models import MODELS, PROMPTS, SMOL, need_model, smol  # noqa: F401  (the fixture)

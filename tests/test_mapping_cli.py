@@ -53,8 +53,31 @@ def test_build_map_prints_the_vllm_speculative_config(tok_dirs):
         "draft_sample_method": "greedy",
     }  # what serve --backend vllm runs: one source for both
     assert f"--speculative-config '{json.dumps(cfg)}'" in r.output
-    assert "vLLM builds its own string map at start-up: it will get the vllm column above" in r.output
+    assert "Without the plugin, vLLM builds its own string map at start-up: the vllm column above" in r.output
     assert "## vocabbridge build-map:" in r.output
+
+
+@pytest.mark.parametrize("k", [None, 5])
+def test_build_map_hands_off_what_serve_runs_for_the_same_k(tok_dirs, tmp_path, k):
+    """One default for -k, and the same --speculative-config as `serve --backend vllm --dry-run` for the pair."""
+    from vocabbridge.spec import EngineSpec
+    from vocabbridge.vllm.backend import vllm_command
+
+    out = tmp_path / "m.json"
+    r = run("build-map", tok_dirs["spm"], tok_dirs["base"], "-o", out, *(["-k", k] if k else []), "--json")
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)["vllm"]
+    spec = EngineSpec(
+        target=str(tok_dirs["base"]),
+        drafter=str(tok_dirs["spm"]),
+        map_path=str(out),
+        **({"num_speculative_tokens": k} if k else {}),
+    )
+    served = vllm_command(spec, cpu=False)
+    assert j["speculative_config"] == served.speculative_config
+    assert j["speculative_config"]["num_speculative_tokens"] == (k or EngineSpec.num_speculative_tokens)
+    assert j["vocabbridge_serve"].startswith("vocabbridge serve --backend vllm --target ")
+    assert j["serve_command"].startswith(f"VOCABBRIDGE_VLLM_MAP={out} vllm serve ")
 
 
 def test_build_map_json_is_machine_readable(tok_dirs, spm_view, base_view, tmp_path):

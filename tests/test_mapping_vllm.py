@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vocabbridge.mapping import build_token_map
-from vocabbridge.mapping.vllm import fallback_id, normalized_vocab, space_markers
+from vocabbridge.mapping.string_match import fallback_id, normalized_vocab, space_markers
 from vocabbridge.tokenizer.view import view_from_doc
 
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True, "trim_offsets": True}

@@ -22,12 +22,12 @@ from transformers import (
 from vocabbridge.engine import SamplingParams, SpecEngine, load_causal_lm
 from vocabbridge.engine.drafters.mtp import MTPDrafter
 from vocabbridge.errors import ConfigError
-from vocabbridge.heads.export import export_for_vllm, mimo_state
+from vocabbridge.heads.draft_head import MTPHead, causal_mask, target_parts
 from vocabbridge.heads.layouts import head_from_weights, layer_index_for, layout_of, read_mtp_weights
-from vocabbridge.heads.model import MTPHead, causal_mask, target_parts
-from vocabbridge.heads.train import Recipe, train_head
 from vocabbridge.spec import EngineSpec
 from vocabbridge.testing import tiny_model
+from vocabbridge.training.export import export_for_vllm, mimo_state
+from vocabbridge.training.train import Recipe, train_head
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512)
 

@@ -18,9 +18,10 @@ from vocabbridge.engine.factory import build_engine, preflight
 from vocabbridge.engine.invariant import INVARIANT_ROWS
 from vocabbridge.engine.offline import eval_drafter, greedy_continuations, sweep_self_spec
 from vocabbridge.errors import ConfigError
-from vocabbridge.heads.model import decoder_of
-from vocabbridge.spec import EngineSpec, serve_argv, vllm_speculative_config
+from vocabbridge.heads.draft_head import decoder_of
+from vocabbridge.spec import EngineSpec, cli_args
 from vocabbridge.testing import tiny_model
+from vocabbridge.vllm.config import speculative_config as vllm_speculative_config
 
 from .test_engine import PROMPTS
 from .test_real_models import PROMPTS as REAL_PROMPTS
@@ -193,7 +194,7 @@ def test_self_L_parses_and_bad_spellings_say_how_to_fix_them():
     spec = EngineSpec(target="t", drafter="self:8")
     assert (spec.drafter_method, spec.self_layers, spec.uses_model, spec.drafter_path) == ("self", 8, False, None)
     assert EngineSpec(target="t", drafter="ngram").self_layers is None
-    assert serve_argv(spec)[:4] == ["--target", "t", "--drafter", "self:8"]
+    assert cli_args(spec)[:4] == ["--target", "t", "--drafter", "self:8"]
     for bad in ("self", "self:", "self:x", "self:0", "self:-2", "self:2.5"):
         with pytest.raises(ConfigError, match="write --drafter self:L"):
             EngineSpec(target="t", drafter=bad)

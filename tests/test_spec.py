@@ -16,12 +16,12 @@ from vocabbridge.spec import (
     METHOD_NAMES,
     MODEL_MODES,
     EngineSpec,
-    engine_only_notes,
+    cli_args,
     options,
     resolve_method,
-    serve_argv,
-    vllm_speculative_config,
 )
+from vocabbridge.vllm.config import engine_only_notes
+from vocabbridge.vllm.config import speculative_config as vllm_speculative_config
 
 # A value other than the default for every field (a new field must be added here, or this fails).
 CHANGED = {
@@ -75,18 +75,18 @@ def test_every_field_has_a_flag_help_and_a_changed_value_here():
 
 
 @pytest.mark.parametrize("command", ["serve", "generate", "eval-drafter"])
-def test_serve_argv_round_trips_through_every_engine_command(command):
+def test_cli_args_round_trip_through_every_engine_command(command):
     spec = EngineSpec(**CHANGED)
     extra = ["-p", "x"] if command == "generate" else []
-    assert _parse(command, serve_argv(spec) + extra) == spec
+    assert _parse(command, cli_args(spec) + extra) == spec
     one_by_one = [EngineSpec(target="t", drafter="d", **{k: v}) for k, v in CHANGED.items() if k not in ("target", "drafter")]
     for s in one_by_one:
-        assert _parse(command, serve_argv(s) + extra) == s
+        assert _parse(command, cli_args(s) + extra) == s
 
 
 def test_bench_takes_every_field_but_the_drafter_and_mode_from_the_same_options():
     spec = EngineSpec(**{k: v for k, v in CHANGED.items() if k not in ("drafter", "mode")})
-    argv = serve_argv(spec)[4:]  # without --target t --drafter none
+    argv = cli_args(spec)[4:]  # without --target t --drafter none
     got = _parse("bench", ["--target", "t", *argv, "--url", "http://127.0.0.1:9"])
     assert got == spec
 

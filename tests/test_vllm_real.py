@@ -289,7 +289,7 @@ def test_the_plugin_builds_vllms_mapping_from_the_map_and_checks_fingerprints(mo
 def qwen_head(tmp_path_factory):
     """A head for the 0.5B target, trained by train-head on a tiny budget: the identity check does not
     need a good head, only the real path (train → export in MiMo's layout → vLLM's mtp method)."""
-    from vocabbridge.heads.train import Recipe, train_head
+    from vocabbridge.training.train import Recipe, train_head
 
     folder = tmp_path_factory.mktemp("head") / "q05"
     train_head(str(QWEN), folder, Recipe(max_prompts=4, new_tokens=8, epochs=1, draft_vocab=0), quiet=True, say=lambda m: None)
@@ -309,7 +309,7 @@ def test_a_trained_mtp_head_serves_in_vllm_with_greedy_output_equal_to_no_specul
 def qwen_eagle3(tmp_path_factory):
     """An EAGLE-3 head for the 0.5B target drafting over 4,096 of its tokens, trained on a small budget:
     vLLM must serve it as its own eagle3 method with that vocabulary as d2t."""
-    from vocabbridge.heads.train import Recipe, train_head
+    from vocabbridge.training.train import Recipe, train_head
 
     folder = tmp_path_factory.mktemp("head") / "q05-eagle3"
     recipe = Recipe(arch="eagle3", max_prompts=8, new_tokens=24, epochs=1, draft_vocab=4096, eval_k=2)

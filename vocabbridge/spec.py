@@ -4,18 +4,17 @@
 default, value type and what vLLM does with it (:class:`Option`). Everything else that spells a
 configuration is derived from these fields, so adding an option is one edit here:
 
-- the click options of ``generate``, ``eval-drafter``, ``serve`` and ``bench`` (``cli/options.py``);
-- :func:`serve_argv`, the ``vocabbridge serve`` command a bench launches for a configuration;
-- :func:`vllm_speculative_config` (vLLM's ``--speculative-config``) and :func:`engine_only_notes`.
+- the click options of ``generate``, ``eval-drafter``, ``serve`` and ``bench`` (``cli/common.py``);
+- :func:`cli_args`, the ``vocabbridge serve`` options a bench launches a configuration with;
+- vLLM's ``--speculative-config`` (``vocabbridge.vllm.config``, which reads each field's ``vllm`` note).
 
 Drafters are registered by name in ``DRAFTERS`` (like tiktoken's encoding constructors): whether
-each runs a drafter model, how the embedded engine builds it (``"module:Class"``, imported when
-used, so this module never imports torch) and what vLLM runs for it.
+each runs a drafter model and how the embedded engine builds it (``"module:Class"``, imported when
+used, so this module never imports torch); ``vocabbridge.vllm.config.METHODS`` says what vLLM runs
+for each. :func:`parse_drafter` is the one grammar of ``--drafter`` and bench's ``--drafters``.
 
 >>> spec = EngineSpec(target="qwen2.5-coder-1.5b", drafter="ngram", num_speculative_tokens=3)
->>> vllm_speculative_config(spec)
-{'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_min': 1, 'prompt_lookup_max': 4}
->>> serve_argv(spec)
+>>> cli_args(spec)
 ['--target', 'qwen2.5-coder-1.5b', '--drafter', 'ngram', '-k', '3']
 >>> resolve_method(EngineSpec(target="t", drafter="m"), same_vocabulary=False).name
 'text'
@@ -24,17 +23,14 @@ used, so this module never imports torch) and what vLLM runs for it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, VocabBridgeError
-from .heads import VLLM_EXPORT, head_arch, head_target
-from .presets import PRESETS, default_target_for, vocab_family
-from .tokenizer import load_tokenizer, same_vocabulary
+from .errors import ConfigError
+from .heads import head_target
+from .presets import default_target_for
 
 # ==== options: one field, its flag, help and vLLM meaning ======================================
 
@@ -80,7 +76,8 @@ class EngineSpec:
     drafter: str = _opt(
         "none",
         "--drafter",
-        "What drafts: none, ngram, mtp, or a drafter model (a preset, a folder, a .gguf file or a hub id).",
+        "What drafts: none, ngram, mtp, or a drafter model (a preset, a folder, a .gguf file or a hub id), "
+        "optionally MODEL:MODE or MODEL:ngram+MODE.",
         metavar="DRAFTER",
         vllm="the speculative method (and draft model)",
     )
@@ -271,6 +268,15 @@ class EngineSpec:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             _check(f, getattr(self, f.name))
+        choice = parse_drafter(self.drafter)  # "MODEL:text", "MODEL:ngram+text": the bench's grammar, here too
+        if choice.drafter != self.drafter:
+            if choice.mode != "auto" and self.mode not in ("auto", choice.mode):
+                raise ConfigError(
+                    f"--drafter {self.drafter} says --mode {choice.mode}, but --mode {self.mode} is given; give one."
+                )
+            object.__setattr__(self, "drafter", choice.drafter)
+            object.__setattr__(self, "mode", choice.mode if choice.mode != "auto" else self.mode)
+            object.__setattr__(self, "ngram_first", self.ngram_first or choice.ngram_first)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError(
                 f"--prompt-lookup-min ({self.prompt_lookup_min}) must not exceed --prompt-lookup-max ({self.prompt_lookup_max})."
@@ -351,7 +357,7 @@ def _check(f: dataclasses.Field, value: Any) -> None:
             raise ConfigError(f"{name} must be {'below' if o.hi_open else 'at most'} {o.hi:g}, got {value}.")
 
 
-def serve_argv(spec: EngineSpec) -> list[str]:
+def cli_args(spec: EngineSpec) -> list[str]:
     """The spec as ``vocabbridge serve`` options: target and drafter, then every field that differs
     from its default, spelt as the CLI spells it (derived from the fields, so none is forgotten)."""
     argv = ["--target", spec.target_name, "--drafter", spec.drafter]
@@ -366,19 +372,6 @@ def serve_argv(spec: EngineSpec) -> list[str]:
     return argv
 
 
-def engine_only_notes(spec: EngineSpec, method: str | None = None) -> list[str]:
-    """What vLLM ignores in ``spec``: the fields set away from their default that have no vLLM
-    meaning, or that only vocabbridge's own proposers honour when ``method`` is not one of them."""
-    ours = method in ("bridged", "text")
-    flags = [
-        o.flag
-        for name, o, default in options()
-        if getattr(spec, name) != default
-        and (o.vllm is None or (o.vllm == BY_PROPOSERS and not ours) or (o.vllm == BY_NGRAM_MAP and method != "ngram-map"))
-    ]
-    return [f"{'/'.join(flags)} apply to the embedded engine only" + ("" if ours else " here")] if flags else []
-
-
 # ==== the drafter registry ======================================================================
 
 
@@ -391,7 +384,6 @@ class DrafterMethod:
     summary: str
     uses_model: bool
     engine: str | None  # "module:Class" with a ``from_spec(spec, target, drafter_lm)`` classmethod; None: not embedded
-    vllm: Callable[[EngineSpec, Callable[[str], str], list[str]], dict | None]  # → --speculative-config
     engine_missing: str = ""  # why the embedded engine cannot run it (the error shown)
 
     def engine_class(self):
@@ -402,86 +394,6 @@ class DrafterMethod:
         return getattr(importlib.import_module(module), attr)
 
 
-def _vllm_none(spec, model_for, notes):
-    return None
-
-
-def _vllm_ngram(spec, model_for, notes):
-    return {
-        "method": "ngram",
-        "num_speculative_tokens": spec.num_speculative_tokens,
-        "prompt_lookup_min": spec.prompt_lookup_min,
-        "prompt_lookup_max": spec.prompt_lookup_max,
-    }
-
-
-def _vllm_suffix(spec, model_for, notes):
-    """vLLM's own suffix decoding; it runs Arctic Inference's suffix trees and refuses the method without them."""
-    notes.append(
-        "vLLM's suffix method needs the arctic-inference package beside vLLM: pip install arctic-inference "
-        '(where its build misses the Python headers: CMAKE_ARGS="-DPython_EXECUTABLE=$(which python)" pip install …)'
-    )
-    return {
-        "method": "suffix",
-        "num_speculative_tokens": spec.num_speculative_tokens,
-        "suffix_decoding_max_tree_depth": spec.suffix_max_depth,
-        "suffix_decoding_max_cached_requests": spec.suffix_max_cached_requests,
-        "suffix_decoding_max_spec_factor": spec.suffix_max_spec_factor,
-        "suffix_decoding_min_token_prob": spec.suffix_min_prob,
-    }
-
-
-def _vllm_mtp(spec, model_for, notes):
-    """The checkpoint's own MTP layer; with ``mtp:PATH``, a trained head exported for vLLM
-    (``vocabbridge.heads.export.export_for_vllm`` writes it in ``PATH/vllm``: an EAGLE-3 head as vLLM's
-    EAGLE-3 checkpoint, an MTP head in MiMo's MTP layout)."""
-    if spec.drafter_path:
-        exported = Path(spec.drafter_path).expanduser() / VLLM_EXPORT
-        eagle3 = head_arch(spec.drafter_path) == "eagle3"
-        layout = "vLLM's EAGLE-3 layout, drafting over its own vocabulary (d2t)" if eagle3 else "MiMo's MTP layout"
-        notes.append(f"the head {spec.drafter_path} reaches vLLM as its export in {layout} ({exported}, written when stale)")
-        method = "eagle3" if eagle3 else "mtp"
-        return {"method": method, "model": str(exported), "num_speculative_tokens": spec.num_speculative_tokens}
-    p = PRESETS.get(spec.target_name)
-    if p is not None and not p.has_mtp:
-        raise ConfigError(
-            f"{spec.target_name} has no MTP head; use --drafter ngram or a draft model with it, or train a head "
-            f"(vocabbridge train-head --target {spec.target_name} -o heads/NAME) and pass --drafter mtp:heads/NAME."
-        )
-    return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens}
-
-
-def _vllm_self(spec, model_for, notes):
-    raise ConfigError(
-        f"--drafter {spec.drafter} (self-speculation) runs in the embedded engine only (serve --backend embedded): "
-        "vLLM has no early-exit (LayerSkip) method; in vLLM use --drafter ngram, mtp or a draft model."
-    )
-
-
-def _vllm_draft(spec, model_for, notes):
-    return {"method": "draft_model", "model": model_for(spec.drafter), "num_speculative_tokens": spec.num_speculative_tokens}
-
-
-def _vllm_tli(spec, model_for, notes):
-    """vLLM's token-level intersection (TLI): draft_model with use_heterogeneous_vocab, greedy
-    draft sampling only. With ``--map``, our plugin builds its VocabMapping from the map file."""
-    if spec.map_path:
-        notes.append(f"vLLM's VocabMapping comes from {spec.map_path} (the vocabbridge plugin), not from its string match")
-    return _vllm_draft(spec, model_for, notes) | {"use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}
-
-
-def _vllm_proposer(name: str):
-    """Our drafter inside vLLM, as a ``custom_class`` proposer (vocabbridge/vllm/proposers.py)."""
-
-    def build(spec, model_for, notes):
-        return {"method": "custom_class", "model": f"{PROPOSERS}.{name}", "num_speculative_tokens": spec.num_speculative_tokens}
-
-    return build
-
-
-PROPOSERS = "vocabbridge.vllm.proposers"
-PROPOSER_METHODS = {"TextProposer": "text", "BridgedProposer": "bridged", "NgramMapProposer": "ngram-map"}  # class → method
-
 DRAFTERS: dict[str, DrafterMethod] = {
     m.name: m
     for m in [
@@ -490,21 +402,18 @@ DRAFTERS: dict[str, DrafterMethod] = {
             "plain decoding: one target forward per token",
             False,
             "vocabbridge.engine.drafters.base:NoDrafter",
-            _vllm_none,
         ),
         DrafterMethod(
             "ngram",
             "prompt lookup over prompt + output (--prompt-lookup-min/max)",
             False,
             "vocabbridge.engine.drafters.ngram:NgramDrafter",
-            _vllm_ngram,
         ),
         DrafterMethod(
             "ngram-map",
             "llama.cpp's n-gram map: the most frequent continuation of the last n tokens (--ngram-map-*)",
             False,
             "vocabbridge.engine.drafters.ngram:NgramMapDrafter",
-            _vllm_proposer("NgramMapProposer"),
         ),
         DrafterMethod(
             "suffix",
@@ -512,49 +421,42 @@ DRAFTERS: dict[str, DrafterMethod] = {
             "recent outputs (--suffix-*)",
             False,
             "vocabbridge.engine.drafters.suffix:SuffixDrafter",
-            _vllm_suffix,
         ),
         DrafterMethod(
             "mtp",
             "a multi-token-prediction head: the checkpoint's own, or one trained by train-head (mtp:PATH)",
             False,
             "vocabbridge.engine.drafters.mtp:MTPDrafter",
-            _vllm_mtp,
         ),
         DrafterMethod(
             "self",
             "self-speculation (LayerSkip, no training): the target's first L layers, final norm and lm_head (self:L)",
             False,
             "vocabbridge.engine.drafters.self_spec:SelfSpecDrafter",
-            _vllm_self,
         ),
         DrafterMethod(
             "draft",
             "a small model with the target's vocabulary",
             True,
             "vocabbridge.engine.drafters.model_based:DraftModelDrafter",
-            _vllm_draft,
         ),
         DrafterMethod(
             "bridged",
             "a model with another vocabulary, through a token map and its input bridge",
             True,
             "vocabbridge.engine.drafters.model_based:BridgedDrafter",
-            _vllm_proposer("BridgedProposer"),
         ),
         DrafterMethod(
             "text",
             "a model with another vocabulary drafting text, re-tokenized by the target",
             True,
             "vocabbridge.engine.drafters.text:TextDrafter",
-            _vllm_proposer("TextProposer"),
         ),
         DrafterMethod(
             "tli",
             "vLLM's token-level intersection: one drafter token per target token through a map, unk where none",
             True,
             "vocabbridge.engine.drafters.model_based:TLIDrafter",
-            _vllm_tli,
         ),
     ]
 }
@@ -580,75 +482,89 @@ def resolve_method(spec: EngineSpec, *, same_vocabulary: bool | None) -> Drafter
     return DRAFTERS[mode]
 
 
-# ==== vLLM ========================================================================================
-
-
 def served_name(target: str) -> str:
     """The model name clients send: the target as the user gave it (a preset, a hub id), or a path's last part."""
     return Path(target).name if Path(target).expanduser().exists() else target
 
 
-def vllm_model(name: str) -> str:
-    """A preset → its hub id (what vLLM loads); anything else unchanged."""
-    p = PRESETS.get(name)
-    return p.hub_id if p else name
+# ==== the --drafter grammar =====================================================================
+
+MODES = ("auto", *MODEL_MODES)
+NGRAM_FIRST = "ngram+"
 
 
-def vllm_speculative_config(
-    spec: EngineSpec,
-    *,
-    same_vocabulary: bool | None = None,
-    model_for: Callable[[str], str] = vllm_model,
-    notes: list[str] | None = None,
-) -> dict | None:
-    """vLLM's ``--speculative-config`` for ``spec`` (None without a drafter): one source for
-    ``serve --backend vllm``, ``build-map``'s hand-off and the bench.
+@dataclass(frozen=True)
+class DrafterChoice:
+    """One ``--drafter`` item, parsed: what drafts, how a model meets the target, and whether prompt
+    lookup goes first. ``name`` is the item as a bench table shows it."""
 
-    A model drafter whose vocabulary differs (or is unknown) gets vLLM's heterogeneous-vocabulary
-    path with greedy draft sampling, which vLLM requires for it. ``notes`` collects how it was decided.
+    name: str  # as typed ("smollm2-135m:bridged"); paths by their last part in bench lists
+    drafter: str  # none | ngram | … | mtp[:HEAD] | self:L | a model
+    mode: str = "auto"  # model drafters: auto | draft | bridged | text | tli
+    ngram_first: bool = False  # "MODEL:ngram+MODE" / "ngram+mtp[:HEAD]": prompt lookup first, the model otherwise
 
-    >>> vllm_speculative_config(EngineSpec(drafter="exaone-1.2b", mode="tli", num_speculative_tokens=3), same_vocabulary=False)
-    {'method': 'draft_model', 'model': 'LGAI-EXAONE/EXAONE-4.0-1.2B', 'num_speculative_tokens': 3, \
-'use_heterogeneous_vocab': True, 'draft_sample_method': 'greedy'}
+
+def parse_drafter(item: str) -> DrafterChoice:
+    """One drafter item: ``METHOD``, ``mtp[:HEAD]``, ``self:L``, ``ngram+mtp[:HEAD]``, ``MODEL``,
+    ``MODEL:MODE`` or ``MODEL:ngram+MODE`` (MODE one of auto, draft, bridged, text, tli). The one
+    grammar of ``--drafter`` (generate, eval-drafter, serve) and of bench's ``--drafters`` list.
+
+    >>> parse_drafter("smollm2-135m:ngram+text")
+    DrafterChoice(name='smollm2-135m:ngram+text', drafter='smollm2-135m', mode='text', ngram_first=True)
+    >>> parse_drafter("ngram+mtp:heads/q15").drafter, parse_drafter("/m/d.gguf").mode
+    ('mtp:heads/q15', 'auto')
     """
-    notes = notes if notes is not None else []
-    method = resolve_method(spec, same_vocabulary=same_vocabulary)
-    if method.name == "draft" and same_vocabulary is None:  # unknown: the heterogeneous path is safe either way
-        method = DRAFTERS["tli"]
-    return method.vllm(spec, model_for, notes)
+    item = item.strip()
+    if not item:
+        raise ConfigError("an empty drafter; write e.g. ngram, qwen2.5-coder-0.5b or smollm2-135m:text.")
+    if item == NGRAM_FIRST + "mtp" or item.startswith(NGRAM_FIRST + "mtp:"):
+        return DrafterChoice(item, item[len(NGRAM_FIRST) :], "auto", True)
+    head, colon, tail = item.rpartition(":")
+    hybrid = tail.startswith(NGRAM_FIRST) and tail[len(NGRAM_FIRST) :] in MODES
+    mode_part = tail[len(NGRAM_FIRST) :] if hybrid else tail
+    drafter, mode = (head, mode_part) if colon and head and mode_part in MODES else (item, "auto")
+    hybrid = hybrid and drafter == head
+    if (mode != "auto" or hybrid) and drafter in METHOD_NAMES:
+        raise ConfigError(f"{item}: a mode applies to model drafters only; write {drafter}.")
+    return DrafterChoice(item, drafter, mode, hybrid)
 
 
-def _stamp(path: str) -> tuple:
-    """What identifies a local tokenizer's version: each file's size and modification time."""
-    p = Path(path).expanduser()
-    files = [p] if p.is_file() else sorted(x for x in p.iterdir() if x.is_file())
-    return tuple((x.name, x.stat().st_size, x.stat().st_mtime_ns) for x in files)
+def parse_drafters(text: str) -> list[DrafterChoice]:
+    """A comma-separated list of :func:`parse_drafter` items (bench's ``--drafters``), each named
+    for the tables: a path by its last part unless that makes two names alike.
+
+    >>> [(d.name, d.drafter, d.mode) for d in parse_drafters("none, ngram, smollm2-135m:bridged")]
+    [('none', 'none', 'auto'), ('ngram', 'ngram', 'auto'), ('smollm2-135m:bridged', 'smollm2-135m', 'bridged')]
+    >>> [(d.name, d.drafter) for d in parse_drafters("mtp,mtp:heads/q15")]  # mtp:PATH: a trained head
+    [('mtp', 'mtp'), ('mtp:q15', 'mtp:heads/q15')]
+    >>> [(d.name, d.drafter, d.ngram_first) for d in parse_drafters("ngram+mtp:heads/q15")]
+    [('ngram+mtp:q15', 'mtp:heads/q15', True)]
+    """
+    out: list[DrafterChoice] = []
+    for item in text.split(","):
+        if not item.strip():
+            raise ConfigError(
+                f"--drafters {text!r} has an empty item; write e.g. none,ngram,qwen2.5-coder-0.5b,smollm2-135m:text."
+            )
+        try:
+            out.append(parse_drafter(item))
+        except ConfigError as e:
+            raise ConfigError(f"--drafters: {e}") from None
+    names = [d.name for d in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"--drafters lists {', '.join(dup)} more than once.")
+    short = [_display(d) if "/" in d.drafter else d.name for d in out]
+    return [dataclasses.replace(d, name=s) for d, s in zip(out, short)] if len(set(short)) == len(short) else out
 
 
-@functools.lru_cache(maxsize=32)
-def _compare_local(d: str, t: str, _d_stamp: tuple, _t_stamp: tuple) -> tuple[bool | None, str]:
-    """Two local tokenizers compared token by token, remembered while their files are unchanged
-    (loading a GGUF's vocabulary takes seconds; bench and the vLLM command builder ask again and again)."""
-    return _compare(d, t)
+def _display(d: DrafterChoice) -> str:
+    """A path drafter's configuration name: the path by its last part, the rest as typed.
 
-
-def _compare(d: str, t: str) -> tuple[bool | None, str]:
-    try:
-        dv, tv = load_tokenizer(d), load_tokenizer(t)
-    except VocabBridgeError as e:
-        return None, f"could not load the tokenizers to compare them ({e})"
-    return same_vocabulary(dv, tv), "tokenizers compared token by token"
-
-
-def vocabularies_match(drafter: str, target: str, *, resolve: Callable[[str], str]) -> tuple[bool | None, str]:
-    """Whether two models (by name) share a vocabulary, and how that was decided: local
-    tokenizers compared token by token; else the presets' vocabulary families; else the
-    tokenizers loaded from wherever they live (None when that fails)."""
-
-    local = [resolve(n) for n in (drafter, target)]
-    if all(Path(p).expanduser().exists() for p in local):
-        return _compare_local(*local, *(_stamp(p) for p in local))
-    fd, ft = vocab_family(drafter), vocab_family(target)
-    if fd and ft:
-        return fd == ft, f"presets: {fd} vs {ft} vocabulary"
-    return _compare(vllm_model(drafter), vllm_model(target))
+    >>> _display(parse_drafter("mtp:heads/qwen-1.5b")), _display(parse_drafter("/models/draft.gguf:text"))
+    ('mtp:qwen-1.5b', 'draft.gguf:text')
+    """
+    method, sep, path = d.drafter.partition(":")
+    short = f"mtp:{Path(path).name}" if sep and method == "mtp" else Path(d.drafter).name
+    prefix, _, rest = d.name.partition(d.drafter)
+    return prefix + short + rest

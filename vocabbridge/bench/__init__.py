@@ -10,12 +10,11 @@ tables, JSON, PNGs.
 """
 
 from ..errors import BenchError, LaunchError, MetricsError, PromptFileError, ServerError
+from ..prompts import Prompt, load_prompts, parse_prompts, select_prompts
 from .counters import Counters, SpecDelta, counter_delta, parse_counters
-from .launch import DrafterChoice, LaunchSettings, bench_launched, parse_drafters
 from .outputs import markdown_report, sections, write_outputs
 from .planning import starts_with_planning
 from .prefill import THINK_BLOCKS, prefill_text
-from .prompts import Prompt, load_prompts, parse_prompts, select_prompts
 from .protocol import BenchSettings, Progress, bench_endpoint, bench_urls
 from .results import BenchResult, ConfigResult, Endpoint, Figures, PrefillFigures, RequestResult
 
@@ -25,11 +24,9 @@ __all__ = [
     "BenchSettings",
     "ConfigResult",
     "Counters",
-    "DrafterChoice",
     "Endpoint",
     "Figures",
     "LaunchError",
-    "LaunchSettings",
     "MetricsError",
     "PrefillFigures",
     "Progress",
@@ -40,13 +37,11 @@ __all__ = [
     "SpecDelta",
     "THINK_BLOCKS",
     "bench_endpoint",
-    "bench_launched",
     "bench_urls",
     "counter_delta",
     "load_prompts",
     "markdown_report",
     "parse_counters",
-    "parse_drafters",
     "parse_prompts",
     "prefill_text",
     "sections",

@@ -26,10 +26,10 @@ from typing import Any
 
 from .. import __version__
 from ..errors import BenchError, MetricsError
+from ..prompts import Prompt
 from .client import BenchClient, Completion
 from .counters import Counters, SpecDelta, counter_delta
 from .prefill import check_variants, prefill_text
-from .prompts import Prompt
 from .results import (
     BenchResult,
     ConcurrencyFigures,

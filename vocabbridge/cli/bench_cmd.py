@@ -11,22 +11,14 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from ..bench import (
-    BenchSettings,
-    Endpoint,
-    LaunchSettings,
-    bench_launched,
-    bench_urls,
-    load_prompts,
-    parse_drafters,
-    select_prompts,
-    write_outputs,
-)
+from ..bench import BenchSettings, Endpoint, bench_urls, load_prompts, select_prompts, write_outputs
 from ..bench.client import base_url
 from ..bench.outputs import sections
 from ..errors import BenchError
+from ..launcher import LaunchSettings, bench_launched
 from ..report import print_sections, to_json
-from .common import OUTPUT_DIR, spec_options
+from ..spec import parse_drafters
+from .common import OUTPUT_DIR, api_key_option, backend_option, json_option, max_num_seqs_option, spec_options
 
 
 def _int_list(ctx, param, value: str) -> tuple[int, ...]:
@@ -121,13 +113,7 @@ def _command_line() -> str | None:
     metavar="LIST",
     help="Configurations to start in turn: none,ngram,[ngram+]mtp[:HEAD_FOLDER],MODEL[:[ngram+]draft|bridged|text],...",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "embedded", "vllm"]),
-    default="auto",
-    show_default=True,
-    help="As `vocabbridge serve --backend`.",
-)
+@backend_option("As `vocabbridge serve --backend`.")
 @click.option(
     "--launch",
     type=click.Choice(["auto", "inprocess", "subprocess"]),
@@ -136,7 +122,7 @@ def _command_line() -> str | None:
     help="auto: in this process for the embedded backend (models load once for all configurations), "
     "`vocabbridge serve` subprocesses for vLLM.",
 )
-@click.option("--max-num-seqs", type=click.IntRange(1), help="Requests a started server generates at once.")
+@max_num_seqs_option("Requests a started server generates at once.")
 @click.option(
     "--vllm-args",
     metavar="ARGS",
@@ -176,12 +162,12 @@ def _command_line() -> str | None:
 @click.option("--concurrency", default="1,4,8", show_default=True, callback=_int_list, help="Concurrency levels (or none).")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One request per configuration, reported apart.")
 @click.option("--baseline", help="The no-drafting configuration speedups are against. [default: the one named none]")
-@click.option("--api-key", envvar="VOCABBRIDGE_API_KEY", help="Bearer token for --url servers.")
+@api_key_option("Bearer token for --url servers.")
 @click.option(
     "--request-timeout", default=1800.0, show_default=True, type=click.FloatRange(1), help="Seconds one request may take."
 )
 @click.option("--out", "out_dir", type=OUTPUT_DIR, help="Write results.json, report.md and the PNG plots here.")
-@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (tables are not printed).")
+@json_option("Print everything as JSON (tables are not printed).")
 def bench_cmd(
     spec,
     urls,

@@ -124,6 +124,27 @@ def status(message: str):
 # ==== options ===================================================================================
 
 
+# ==== options several commands take, declared once =============================================
+
+BACKENDS = ("auto", "embedded", "vllm")
+
+
+def backend_option(help: str = "auto: vLLM when it is installed and a CUDA GPU is present, else the embedded engine."):
+    return click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help=help)
+
+
+def max_num_seqs_option(help: str):
+    return click.option("--max-num-seqs", type=click.IntRange(1), default=None, help=help)
+
+
+def api_key_option(help: str):
+    return click.option("--api-key", envvar="VOCABBRIDGE_API_KEY", show_envvar=True, help=help)
+
+
+def json_option(help: str = "Print the result as JSON."):
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
 def pattern_option(fn):
     return click.option(
         "--pattern",
@@ -143,7 +164,7 @@ def format_options(fn):
         show_default=True,
         help="table for people, markdown for pages, json for machines.",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+    @json_option("Same as --format json.")
     @functools.wraps(fn)
     def wrapper(*args, fmt, as_json, **kwargs):
         return fn(*args, fmt="json" if as_json else fmt, **kwargs)
@@ -197,7 +218,9 @@ def spec_options(*, exclude: tuple[str, ...] = (), engine: bool = True, drafter_
                 methods = [m for m in METHOD_NAMES if not engine or DRAFTERS[m].engine is not None]
                 help_text = (
                     f"What drafts: {', '.join(methods)}, or a drafter model (a preset, a folder, a .gguf file or a hub id); "
-                    "mtp:HEAD_FOLDER drafts with a head trained by train-head, self:L with the target's own first L layers."
+                    "mtp:HEAD_FOLDER drafts with a head trained by train-head, self:L with the target's own first L layers; "
+                    "MODEL:MODE picks how a model meets the target (as --mode), MODEL:ngram+MODE and ngram+mtp:HEAD put "
+                    "prompt lookup first."
                 )
             wrapper = _click_option(name, o, default, help_text, required=name == "drafter" and drafter_required)(wrapper)
         return wrapper

@@ -7,7 +7,7 @@ import click
 from ..doctor import checks_section, run_checks
 from ..report import print_sections, to_json
 from ..vllm.install import fix
-from .common import status
+from .common import json_option, status
 
 
 @click.command("doctor")
@@ -15,7 +15,7 @@ from .common import status
     "--fix", "do_fix", is_flag=True, help="Uninstall the CUDA torchvision/torchaudio/torchcodec that stop vLLM's CPU build."
 )
 @click.option("--no-launch", is_flag=True, help="Do not start vLLM's CLI to check that it imports (saves ~10 s).")
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@json_option("Print the checks as JSON.")
 def doctor_cmd(do_fix, no_launch, as_json):
     """Check this installation: torch, transformers, vLLM (which build, whether it starts), models, caches.
 

@@ -16,7 +16,7 @@ from ..engine.offline import eval_drafter, eval_sequences, sweep_self_spec
 from ..engine.summary import offline_section, self_sweep_section, stats_section
 from ..errors import ConfigError
 from ..report import print_sections, to_json
-from .common import spec_options, status
+from .common import json_option, spec_options, status
 
 
 def _prompt_ids(view, prompt: str, raw: bool, thinking: bool | None) -> list[int]:
@@ -53,7 +53,7 @@ class _Printer:
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="Sample among the k likeliest; 0 = off.")
 @click.option("--seed", type=int, help="Random seed for sampling (the same seed gives the same text).")
 @click.option("--compare-plain", is_flag=True, help="Also decode without drafting and check the outputs are identical.")
-@click.option("--json", "as_json", is_flag=True, help="Print text and stats as JSON.")
+@json_option("Print text and stats as JSON.")
 def generate_cmd(spec, prompt, prompt_file, raw, thinking, max_tokens, temperature, top_p, top_k, seed, compare_plain, as_json):
     """Generate once with a drafter and print the text and the drafting statistics.
 
@@ -132,7 +132,7 @@ def _layer_list(ctx, param, value: str | None) -> tuple[int, ...]:
     help="With --drafter self:L: score these early-exit depths too (e.g. 4,8,14,20), the target loaded once, "
     "each with its draft cost relative to a full target forward.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the configuration and the figures as JSON.")
+@json_option("Print the configuration and the figures as JSON.")
 def eval_drafter_cmd(spec, texts, prompts, continuation_tokens, max_positions, layers, as_json):
     """Offline expected acceptance of a drafter, without the generate loop.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -11,8 +12,10 @@ from ..errors import MapFileError, VocabBridgeError
 from ..mapping import default_texts, load_map, save_map
 from ..mapping.map_report import analyze_map, analyze_pair
 from ..report import print_sections, to_markdown
-from ..tokenizer import load_tokenizer
+from ..spec import EngineSpec, cli_args
+from ..tokenizer import load_tokenizer, same_vocabulary
 from ..util import read_text_file
+from ..vllm.config import speculative_config
 from .common import OUTPUT_FILE, TOKENIZER, format_options, pattern_option, status
 
 TEXT_OPTION = click.option(
@@ -53,11 +56,12 @@ def _render(sections, fmt: str, title: str) -> None:
 )
 @TEXT_OPTION
 @click.option(
+    "-k",
     "--num-speculative-tokens",
-    default=3,
+    default=EngineSpec.num_speculative_tokens,
     show_default=True,
     type=click.IntRange(1),
-    help="Draft tokens per step, for the printed vLLM --speculative-config.",
+    help="Draft tokens per step, for the printed vLLM hand-off (the same default as serve's -k).",
 )
 @click.option(
     "--drafter-vocab-size",
@@ -81,7 +85,7 @@ def build_map_cmd(
 
     \b
     Examples:
-      vocabbridge build-map ../shared/tokenizers/smollm2 ../shared/tokenizers/qwen3 -o maps/smollm2_to_qwen3.json
+      vocabbridge build-map ../shared/tokenizers/smollm2 ../shared/tokenizers/qwen3 -o my-maps/smollm2_to_qwen3.json
       vocabbridge build-map LGAI-EXAONE/EXAONE-4.0-1.2B LGAI-EXAONE/EXAONE-4.5-33B -o maps/4.0_to_4.5.json --text chat.txt
       vocabbridge build-map A B --mode vllm --json
     """
@@ -98,12 +102,14 @@ def build_map_cmd(
             drafter_vocab_size=drafter_vocab_size,
             target_vocab_size=target_vocab_size,
             check_bridge=output is not None,
-            num_speculative_tokens=num_speculative_tokens,
         )
     if output is not None:
         with status(f"writing {output}…"):
             save_map(report.map, output, coverage=report.coverage)
         report.path = str(output)
+    spec = EngineSpec(target=tv.source, drafter=dv.source, num_speculative_tokens=num_speculative_tokens, map_path=report.path)
+    report.vllm_config = speculative_config(spec, same_vocabulary=same_vocabulary(dv, tv), model_for=str)
+    report.serve_line = shlex.join(["vocabbridge", "serve", "--backend", "vllm", *cli_args(spec)])
     if fmt == "json":
         click.echo(json.dumps(report.to_dict(), ensure_ascii=False, indent=2))
         return

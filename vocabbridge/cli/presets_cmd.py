@@ -8,10 +8,11 @@ import click
 
 from ..presets import describe_presets, models_dir
 from ..report import Section, print_sections, to_json
+from .common import json_option
 
 
 @click.command("presets")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option("Print JSON.")
 def presets_cmd(as_json):
     """List the model presets and what each resolves to here.
 

@@ -15,9 +15,9 @@ from ..engine.factory import build_engine, preflight
 from ..errors import ConfigError
 from ..presets import resolve_model
 from ..server.runner import bind, serve_in_thread
-from ..vllm.backend import choose_backend, echo_stderr, run_vllm, vllm_command
+from ..vllm.backend import check, choose_backend, echo_stderr, run_vllm, vllm_command
 from ..vllm.install import inspect_vllm
-from .common import spec_options, status
+from .common import api_key_option, backend_option, max_num_seqs_option, spec_options, status
 
 
 def _say(message: str) -> None:
@@ -26,26 +26,11 @@ def _say(message: str) -> None:
 
 @click.command("serve", context_settings={"show_default": True})
 @spec_options(engine=False)
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "embedded", "vllm"]),
-    default="auto",
-    help="auto: vLLM when it is installed and a CUDA GPU is present, else the embedded engine.",
-)
+@backend_option()
 @click.option("--host", default="127.0.0.1", help="Address to bind (loopback by default).")
 @click.option("--port", default=8000, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option(
-    "--api-key",
-    envvar="VOCABBRIDGE_API_KEY",
-    show_envvar=True,
-    help="Require 'Authorization: Bearer KEY' on /v1/* (health and metrics stay open).",
-)
-@click.option(
-    "--max-num-seqs",
-    type=click.IntRange(1),
-    default=None,
-    help="Requests generating at once; the rest wait in FIFO order. [embedded default: 8; vLLM: its own]",
-)
+@api_key_option("Require 'Authorization: Bearer KEY' on /v1/* (health and metrics stay open).")
+@max_num_seqs_option("Requests generating at once; the rest wait in FIFO order. [embedded default: 8; vLLM: its own]")
 @click.option("--served-model-name", help="The model name clients send. [default: the target as given]")
 @click.option("--tensor-parallel-size", type=click.IntRange(1), default=None, help="GPUs to split the target over (vLLM only).")
 @click.option("--dry-run", is_flag=True, help="Print what would run (the exact vllm command) and exit.")
@@ -74,6 +59,8 @@ def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_nam
             tensor_parallel_size=tensor_parallel_size,
             extra_args=vllm_args,
         )
+        if not dry_run:
+            check(cmd)  # a refusal comes first and alone, not after the notes
         for note in cmd.notes:
             _say(note)
         if dry_run:

@@ -1,4 +1,4 @@
-"""``vocabbridge train-head``: parse, train (vocabbridge/heads/train.py), render."""
+"""``vocabbridge train-head``: parse, train (vocabbridge/training/train.py), render."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from ..heads.export import export_for_vllm
-from ..heads.train import Recipe, train_head
 from ..report import Section, fmt_int, fmt_pct, print_sections, to_json
-from .common import OUTPUT_DIR
+from ..training.export import export_for_vllm
+from ..training.train import Recipe, train_head
+from .common import OUTPUT_DIR, json_option
 
 _DEFAULTS = Recipe()
 
@@ -90,7 +90,7 @@ def _opt(name: str, help: str, **kw):
 @click.option(
     "--export-vllm", is_flag=True, help="Also write the head for vLLM (OUTPUT/vllm: EAGLE-3's layout, or MiMo's MTP layout)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("Print the result as JSON.")
 def train_head_cmd(target, output: Path, prompts, restart, export_vllm, as_json, **recipe):
     """Train a draft head for TARGET on its own greedy outputs (self-distillation).
 

@@ -38,6 +38,8 @@ import math
 
 import torch
 
+from .quant import quantize_int8
+
 ATTENTION = "vocabbridge_invariant"
 INVARIANT_ROWS = 5  # rows of every decode-time forward of an int8 target: k + 1 ≤ 5 verifies in one forward
 KEY_BLOCK = 128  # attention runs over keys in blocks of this many, fixed by absolute position
@@ -131,8 +133,6 @@ def row_plan(n: int, keep: int, *, most: int, least: int, chunk: int) -> list[tu
 
 def _quantize_dynamic(module: torch.nn.Module) -> torch.nn.Module:
     """fbgemm's dynamic int8 linear, weights quantized per output channel."""
-    from .model import quantize_int8  # model imports this module
-
     return quantize_int8(module, per_channel=True)
 
 

@@ -1,15 +1,15 @@
-"""MTP draft heads: train one for any causal LM, draft with it, export it for vLLM.
+"""Draft heads: the modules the engine runs beside the target, and the folders they live in.
 
-- ``model.py``: the MTP head (DeepSeek-V3's MTP module on a decoder layer of the target's own class);
+- ``draft_head.py``: the ``DraftHead`` base and the MTP head (DeepSeek-V3's MTP module on a decoder
+  layer of the target's own class);
 - ``eagle3.py``: the EAGLE-3 head (vLLM's eagle3 layer over the streams entering a few target layers);
 - ``layouts.py``: real checkpoints' MTP weights (DeepSeek-V3, EXAONE 4.5 / Qwen3.5, MiMo);
-- ``store.py``: a trained head on disk, refused for another target;
-- ``data.py``: self-distillation data (the target's greedy continuations, hidden states, top-k);
-- ``train.py``: the training loop, held-out acceptance, curves, checkpoints;
-- ``export.py``: the head as a checkpoint vLLM serves (``export_for_vllm``).
+- ``store.py``: a trained head on disk, refused for another target.
 
-The engine's drafter is ``vocabbridge/engine/drafters/mtp.py`` (``--drafter mtp[:PATH]``). This
-package's ``__init__`` imports nothing heavy (``vocabbridge.spec`` reads it without torch).
+What makes heads (self-distillation data, training, export for vLLM) is ``vocabbridge.training``,
+a floor above; this package never imports it. The engine's drafter is
+``vocabbridge/engine/drafters/mtp.py`` (``--drafter mtp[:PATH]``). This package's ``__init__``
+imports nothing heavy (``vocabbridge.spec`` reads it without torch).
 """
 
 import json

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .model import RESIDUAL_OUTPUTS, DraftHead, TargetParts, _norm_like, build_layer, norm_scale, set_norm_scale
+from .draft_head import RESIDUAL_OUTPUTS, DraftHead, TargetParts, _norm_like, build_layer, norm_scale, set_norm_scale
 
 HOSTS = ("qwen2", "llama", "mistral")  # targets whose decoder layer vLLM's EAGLE-3 layer (a Llama layer) reproduces
 QKV = ("q_proj", "k_proj", "v_proj")

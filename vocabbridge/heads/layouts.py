@@ -1,4 +1,4 @@
-"""MTP weights in real checkpoints, read into an :class:`~vocabbridge.heads.model.MTPHead`.
+"""MTP weights in real checkpoints, read into an :class:`~vocabbridge.heads.draft_head.MTPHead`.
 
 Three layouts, as vLLM's loaders read them (``deepseek_mtp.py``, ``exaone4_5_mtp.py``,
 ``qwen3_5_mtp.py``, ``mimo_mtp.py``), with L = the target's number of decoder layers:
@@ -30,7 +30,7 @@ from huggingface_hub import snapshot_download
 from safetensors import safe_open
 
 from ..errors import ModelLoadError
-from .model import MTPHead, TargetParts
+from .draft_head import MTPHead, TargetParts
 
 LAYOUTS = ("deepseek", "mtp", "mimo")
 

@@ -27,8 +27,8 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import ConfigError, ModelLoadError
 from ..util import atomic_write_text
+from .draft_head import DraftHead, MTPHead, TargetParts, signatures_match, weights_signature
 from .eagle3 import Eagle3Head
-from .model import DraftHead, MTPHead, TargetParts, signatures_match, weights_signature
 
 FORMAT = "vocabbridge.mtp-head/1"
 CONFIG_FILE = "config.json"

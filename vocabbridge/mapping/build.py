@@ -13,8 +13,8 @@ from ..errors import ConfigError
 from ..tokenizer.view import TokenizerView
 from .bridge import build_input_bridge
 from .bytes_mode import bytes_pairs
+from .string_match import fallback_id, vllm_pairs
 from .tokenmap import MODES, LazyBridge, MapSide, TokenMap
-from .vllm import fallback_id, vllm_pairs
 
 
 def _size(given: int | None, view: TokenizerView, what: str) -> int | None:

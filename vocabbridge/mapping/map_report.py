@@ -11,8 +11,7 @@ import shlex
 from dataclasses import dataclass
 
 from ..report import Section, fmt_int, fmt_pct, to_jsonable
-from ..spec import EngineSpec, vllm_speculative_config
-from ..tokenizer import TokenizerView, same_vocabulary
+from ..tokenizer import TokenizerView
 from ..tokenizer.scripts import SCRIPT_LABELS
 from .build import build_token_map
 from .coverage import Coverage, RoleCoverage, compute_coverage
@@ -30,6 +29,7 @@ class MapReport:
     coverages: list[Coverage]  # the map's own first; then the other mode's when compared
     path: str | None = None  # where the map was written / read
     vllm_config: dict | None = None  # --speculative-config for this drafter in vLLM (build-map only)
+    serve_line: str | None = None  # the `vocabbridge serve --backend vllm …` command that runs it (build-map only)
 
     @property
     def coverage(self) -> Coverage:
@@ -44,16 +44,45 @@ class MapReport:
         if self.vllm_config is not None:
             out["vllm"] = {
                 "speculative_config": self.vllm_config,
-                "serve_command": serve_command(tm.target.source, self.vllm_config),
+                "vocabbridge_serve": self.serve_line,
+                "serve_command": serve_command(tm.target.source, self.vllm_config, map_path=self.path),
                 "coverage_mode": "vllm",
             }
         return out
+
+    def _vllm_section(self, vllm_cov: Coverage) -> Section:
+        """How to run the pair in vLLM: our map through the plugin (the default), vLLM's own string map without it."""
+        config, own = self.vllm_config or {}, self.coverage
+        notes = ["--speculative-config '" + json.dumps(config) + "'"]
+        if self.serve_line:
+            notes.append(self.serve_line)
+        hetero = config.get("use_heterogeneous_vocab")
+        if hetero and own.mode != "vllm":
+            notes.append(
+                f"With vocabbridge installed beside vLLM, its plugin builds vLLM's VocabMapping from this {own.mode} map "
+                f"({own.pairs:,} pairs, {fmt_pct(own.pct_target)} of the target vocabulary; unpaired target tokens reach the "
+                "drafter as the first token of their spelling, not unk):"
+            )
+        notes.append(serve_command(self.map.target.source, config, map_path=self.path if hetero else None))
+        if hetero:
+            total = vllm_cov.total_text()
+            claim = (
+                f"Without the plugin, vLLM builds its own string map at start-up: the vllm column above, {vllm_cov.pairs:,} "
+                f"pairs ({fmt_pct(vllm_cov.pct_target)} of the target vocabulary)"
+            )
+            if total is not None:
+                claim += f", and on these texts {fmt_pct(total.vllm_unk_share)} of target tokens reach the drafter as unk"
+            notes.append(claim + ". `--mode text` or `--mode bridged` run vocabbridge's own drafters inside vLLM instead.")
+        notes.append(
+            '"model" is the drafter you passed; give vLLM the drafter model\'s path or hub id if that was a tokenizer folder.'
+        )
+        return Section("vLLM hand-off", [], [], notes)
 
     def sections(self, *, written: bool = False) -> list[Section]:
         covs = sorted(self.coverages, key=lambda c: c.mode)  # bytes, then vllm
         out = [map_section(self.map, self.path if written else None), *coverage_sections(covs)]
         if self.vllm_config is not None:
-            out.append(vllm_section(covs[-1], self.vllm_config, self.map.target.source, own=self.coverage))
+            out.append(self._vllm_section(covs[-1]))
         return out
 
 
@@ -66,24 +95,16 @@ def analyze_pair(
     drafter_vocab_size: int | None = None,
     target_vocab_size: int | None = None,
     check_bridge: bool = False,
-    num_speculative_tokens: int = 3,
 ) -> MapReport:
-    """Build the ``mode`` map, its coverage beside vLLM's own map's, and vLLM's hand-off."""
+    """Build the ``mode`` map and its coverage beside vLLM's own map's. The caller sets the vLLM
+    hand-off (``vllm_config``, ``serve_line``: the mapping floor does not speak vLLM)."""
     sizes = {"drafter_vocab_size": drafter_vocab_size, "target_vocab_size": target_vocab_size}
     tm = build_token_map(drafter, target, mode=mode, **sizes)
     vm = tm if mode == "vllm" else build_token_map(drafter, target, mode="vllm", **sizes)
     covs = [compute_coverage(tm, drafter, target, texts=texts, vllm_map=vm, check_bridge=check_bridge)]
     if mode != "vllm":
         covs.append(compute_coverage(vm, drafter, target, texts=texts))
-    same = same_vocabulary(drafter, target)
-    spec = EngineSpec(
-        target=target.source,
-        drafter=drafter.source,
-        mode="draft" if same else "tli",
-        num_speculative_tokens=num_speculative_tokens,
-    )
-    config = vllm_speculative_config(spec, same_vocabulary=same, model_for=str)
-    return MapReport(tm, covs, vllm_config=config)
+    return MapReport(tm, covs)
 
 
 def analyze_map(
@@ -113,8 +134,11 @@ def analyze_map(
     return MapReport(tm, covs, path=path)
 
 
-def serve_command(target_model: str, config: dict | None) -> str:
-    cmd = f"vllm serve {shlex.quote(target_model)}"
+def serve_command(target_model: str, config: dict | None, *, map_path: str | None = None) -> str:
+    """``vllm serve`` itself; with ``map_path`` and a heterogeneous config, the environment variable
+    that has the vocabbridge plugin (installed beside vLLM) build vLLM's VocabMapping from the map."""
+    env = f"VOCABBRIDGE_VLLM_MAP={shlex.quote(map_path)} " if map_path and (config or {}).get("use_heterogeneous_vocab") else ""
+    cmd = f"{env}vllm serve {shlex.quote(target_model)}"
     return cmd + (f" --speculative-config {shlex.quote(json.dumps(config))}" if config else "")
 
 
@@ -258,34 +282,6 @@ def texts_section(covs: list[Coverage]) -> Section | None:
             "there with vLLM's map (vocabbridge's input bridge spells those tokens in drafter tokens instead)."
         ],
     )
-
-
-def vllm_section(vllm_cov: Coverage, config: dict, target_model: str, own: Coverage | None = None) -> Section:
-    total = vllm_cov.total_text()
-    claim = (
-        f"vLLM builds its own string map at start-up: it will get the vllm column above, {vllm_cov.pairs:,} pairs "
-        f"({fmt_pct(vllm_cov.pct_target)} of the target vocabulary)"
-    )
-    if total is not None:
-        claim += f", and on these texts {fmt_pct(total.vllm_unk_share)} of target tokens reach the drafter as unk"
-    claim += "."
-    notes = [
-        "--speculative-config '" + json.dumps(config) + "'",
-        serve_command(target_model, config),
-        claim,
-    ]
-    if own is not None and own.mode != "vllm":
-        notes.append(
-            f"To give vLLM this {own.mode} map instead ({own.pairs:,} pairs, {fmt_pct(own.pct_target)}; unpaired target "
-            "tokens reach the drafter as the first token of their spelling, not unk), start it through vocabbridge: "
-            "`vocabbridge serve --backend vllm --target TARGET --drafter DRAFTER --mode tli --map MAP.json` "
-            "(the vocabbridge plugin builds vLLM's VocabMapping from the map file); `--mode text` or `--mode bridged` "
-            "run vocabbridge's own drafters inside vLLM."
-        )
-    notes.append(
-        '"model" is the drafter you passed; give vLLM the drafter model\'s path or hub id if that was a tokenizer folder.'
-    )
-    return Section("vLLM hand-off", [], [], notes)
 
 
 def coverage_sections(covs: list[Coverage]) -> list[Section]:

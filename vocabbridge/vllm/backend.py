@@ -1,12 +1,7 @@
 """``serve --backend vllm``: the ``vllm serve`` command for an :class:`EngineSpec`, and running it.
 
-``--speculative-config`` comes from :func:`vocabbridge.spec.vllm_speculative_config` (one source
-for serve, build-map and bench); per drafter, with field names as in vLLM's ``SpeculativeConfig``:
-
-- a model:  ``{"method": "draft_model", "model": D, "num_speculative_tokens": k}``, plus
-  ``"use_heterogeneous_vocab": true, "draft_sample_method": "greedy"`` when the vocabularies differ;
-- ``ngram``: ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}``;
-- ``mtp``:  ``{"method": "mtp", "num_speculative_tokens": k}``; ``none``: no ``--speculative-config``.
+``--speculative-config`` comes from :func:`vocabbridge.vllm.config.speculative_config` (one source
+for serve, build-map and bench; it lists what each drafter becomes in vLLM).
 
 What vLLM loads: a preset becomes its hub id, unless it resolves to a local GGUF file
 (``VOCABBRIDGE_MODELS``); a GGUF file (vLLM 0.32 has no GGUF loader) becomes the HF folder it is
@@ -14,7 +9,7 @@ converted to once (``engine/convert.py``, shared with our engine, so both run th
 The served model name is the target as the user gave it. The API key reaches vLLM through
 ``VLLM_API_KEY``, never the command line.
 
-vLLM runs through ``python -m vocabbridge.vllm.launch`` (see there: the CPU build's distribution
+vLLM runs through ``python -m vocabbridge.vllm.entrypoint`` (see there: the CPU build's distribution
 name), in its own process group; we wait for ``/health``, forward SIGINT/SIGTERM, and leave no
 process of its group behind. On the CPU build, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) is set
 unless the user set it: vLLM's default reserves 92 % of memory and refuses to start when less is free.
@@ -46,19 +41,13 @@ from pathlib import Path
 import httpx
 
 from ..errors import ConfigError, VocabBridgeError
-from ..mapping import load_map
+from ..mapping import load_map, token_map_for
+from ..mapping.cache import map_cache_path
 from ..presets import PRESETS, resolve_model
-from ..spec import (
-    PROPOSER_METHODS,
-    PROPOSERS,
-    EngineSpec,
-    engine_only_notes,
-    served_name,
-    vllm_speculative_config,
-    vocabularies_match,
-)
+from ..spec import EngineSpec, served_name
 from ..tokenizer import load_tokenizer
 from ..util import atomic_write_text
+from .config import PROPOSER_METHODS, engine_only_notes, spec_method, speculative_config, vocabularies_match
 from .install import inspect_vllm, launcher_argv
 from .plugin import MAP_ENV
 from .proposers import CONFIG_ENV, proposer_config
@@ -112,6 +101,7 @@ class VllmCommand:
     map_check: tuple[str, str, str] | None = None  # (map, drafter, target): checked before starting
     memory_check: tuple[tuple[str, str, str], ...] = ()  # (name, source, dtype) that must fit in this CPU's memory
     export_head: str | None = None  # a train-head folder (--drafter mtp:PATH) to export for vLLM first, when stale
+    map_build: tuple[str, str, str] | None = None  # (drafter, target, map mode): our map, built or cached before starting
 
     def shell(self) -> str:
         """The command line, shell-quoted (the API key, if any, shown as an environment variable)."""
@@ -125,8 +115,9 @@ class VllmCommand:
         return [*launcher_argv(), *self.argv[1:]]
 
 
-def speculative_config(spec: EngineSpec, *, model_for: Callable[[str], str] = vllm_model_for) -> tuple[dict | None, list[str]]:
-    """vLLM's ``--speculative-config`` for ``spec`` with the vocabularies compared by name, and notes on how it was decided."""
+def _compared_config(spec: EngineSpec) -> tuple[dict | None, list[str]]:
+    """:func:`~vocabbridge.vllm.config.speculative_config` with the two models' vocabularies compared
+    by name, and notes on how it was decided."""
     notes: list[str] = []
     same = None
     if spec.uses_model:
@@ -135,7 +126,7 @@ def speculative_config(spec: EngineSpec, *, model_for: Callable[[str], str] = vl
             notes.append(f"vocabularies not compared: {how}; assuming they differ (use_heterogeneous_vocab is safe either way)")
         else:
             notes.append(f"{'same' if same else 'different'} vocabulary ({how})")
-    return vllm_speculative_config(spec, same_vocabulary=same, notes=notes, model_for=model_for), notes
+    return speculative_config(spec, same_vocabulary=same, notes=notes, model_for=vllm_model_for), notes
 
 
 def vllm_command(
@@ -156,7 +147,7 @@ def vllm_command(
         cpu = inspect_vllm().cpu_build
     model = vllm_model_for(spec.target_name)
     name = served_model_name or served_name(spec.target_name)
-    cfg, notes = speculative_config(spec)
+    cfg, notes = _compared_config(spec)
     argv = ["vllm", "serve", model, "--host", host, "--port", str(port)]
     if name != model:
         argv += ["--served-model-name", name]
@@ -179,8 +170,7 @@ def vllm_command(
         else:
             argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": 1}, separators=(",", ":"))]
     argv += list(extra_args)
-    method = cfg["method"] if cfg else "none"
-    ours = spec_method(cfg) if method == "custom_class" and cfg["model"].startswith(PROPOSERS) else method
+    ours = spec_method(cfg)
     notes += engine_only_notes(spec, ours)
     env = {"VLLM_API_KEY": api_key} if api_key else {}
     if cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -201,18 +191,16 @@ def vllm_command(
         env[MAP_ENV] = os.path.abspath(spec.map_path)
     if spec.map_path and (ours == "bridged" or env.get(MAP_ENV)):  # checked before vLLM starts, not in its worker
         map_check = (spec.map_path, resolve_model(spec.drafter), resolve_model(spec.target_name))
+    map_build = None
+    if ours == "tli" and not spec.map_path:  # our map in place of vLLM's string match; its path reaches the plugin
+        map_build = (resolve_model(spec.drafter), resolve_model(spec.target_name), spec.map_mode)
     memory = ()
     if cpu:
         dtype = spec.dtype if spec.dtype != "auto" else "bfloat16"  # vLLM's CPU default
         models = [spec.target_name] + ([spec.drafter] if spec.uses_model else [])
         memory = tuple((n, resolve_model(n), dtype) for n in models)
     head = spec.drafter_path if spec.drafter_method == "mtp" else None
-    return VllmCommand(argv, name, cfg, env, notes, convert, files, map_check, memory, head)
-
-
-def spec_method(cfg: dict) -> str:
-    """``text`` for ``vocabbridge.vllm.proposers.TextProposer``, ``ngram-map`` for ``…NgramMapProposer`` …"""
-    return PROPOSER_METHODS[cfg["model"].rsplit(".", 1)[-1]]
+    return VllmCommand(argv, name, cfg, env, notes, convert, files, map_check, memory, head, map_build)
 
 
 SUFFIX_INSTALL = 'CMAKE_ARGS="-DPython_EXECUTABLE=$(which python)" pip install arctic-inference'
@@ -229,9 +217,9 @@ def check_suffix_dependency() -> None:
         )
 
 
-def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
-    """What must hold before vLLM starts: a given map is for these tokenizers (seconds, not a failed
-    start-up minutes later), the GGUF files are converted (once), our proposers' configuration is written."""
+def check(cmd: VllmCommand) -> None:
+    """Refuse at once, before anything is printed or started, what vLLM would refuse minutes into its
+    start-up: a missing dependency, models that do not fit, a map built for other tokenizers."""
     if (cmd.speculative_config or {}).get("method") == "suffix":
         check_suffix_dependency()
     if cmd.memory_check:
@@ -241,6 +229,18 @@ def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
     if cmd.map_check is not None:
         path, drafter, target = cmd.map_check
         load_map(path, drafter=load_tokenizer(drafter), target=load_tokenizer(target))
+
+
+def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
+    """What must hold before vLLM starts (:func:`check`), then what must be on disk: the GGUF files
+    converted (once), our map built or cached, our proposers' configuration written, a head exported."""
+    check(cmd)
+    if cmd.map_build is not None:
+        drafter, target, mode = cmd.map_build
+        dv, tv = load_tokenizer(drafter), load_tokenizer(target)
+        token_map_for(dv, tv, mode=mode)  # built once, then read from the cache
+        cmd.env[MAP_ENV] = str(map_cache_path(dv.fingerprint, tv.fingerprint, mode))
+        say(f"vLLM's VocabMapping: our {mode} map {cmd.env[MAP_ENV]} (the vocabbridge plugin)")
     if cmd.convert:
         from ..engine.convert import converted_folder
 
@@ -262,7 +262,7 @@ def export_stale_head(folder: str, *, say: Callable[[str], None]) -> None:
     done = head / VLLM_EXPORT / "model.safetensors"
     if done.is_file() and done.stat().st_mtime >= (head / WEIGHTS_FILE).stat().st_mtime:
         return
-    from ..heads.export import export_for_vllm  # torch
+    from ..training.export import export_for_vllm  # torch
 
     layout = "vLLM's EAGLE-3 layout" if head_arch(head) == "eagle3" else "MiMo's MTP layout"
     say(f"exporting the head {head} for vLLM ({layout}) into {head / VLLM_EXPORT}")

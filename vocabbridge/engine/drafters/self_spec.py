@@ -29,7 +29,7 @@ from torch import nn
 from transformers.cache_utils import DynamicLayer
 
 from ...errors import ConfigError
-from ...heads.model import decoder_of
+from ...heads.draft_head import decoder_of
 from ..model import CausalLM, KVSession
 from .base import Drafter, Proposal
 from .model_based import ModelDraftSession

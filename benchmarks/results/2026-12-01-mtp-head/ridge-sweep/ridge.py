@@ -17,10 +17,10 @@ import torch
 
 from vocabbridge.engine import load_causal_lm
 from vocabbridge.heads import chain
-from vocabbridge.heads.data import draft_vocabulary, load_shard
-from vocabbridge.heads.model import new_head, target_parts
-from vocabbridge.heads.train import Recipe, split_heldout
+from vocabbridge.heads.draft_head import new_head, target_parts
 from vocabbridge.presets import resolve_model
+from vocabbridge.training.data import draft_vocabulary, load_shard
+from vocabbridge.training.train import Recipe, split_heldout
 
 DATA = Path("/work/main/heads/qwen2.5-coder-1.5b/train/data")
 

@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 from vocabbridge.engine.convert import converted_folder  # noqa: E402
 from vocabbridge.engine.invariant import quantize_rows  # noqa: E402
 from vocabbridge.engine.model import load_causal_lm  # noqa: E402
-from vocabbridge.heads.data import DataPlan, render_prompts, training_prompts  # noqa: E402
-from vocabbridge.heads.model import decoder_of  # noqa: E402
+from vocabbridge.heads.draft_head import decoder_of  # noqa: E402
 from vocabbridge.presets import resolve_model  # noqa: E402
+from vocabbridge.training.data import DataPlan, render_prompts, training_prompts  # noqa: E402
 
 DATA = Path("/tmp/eagle3-probe-data.pt")
 NEW = 96

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import PromptFileError
+from .errors import PromptFileError
 
 BUILTIN_SUITE = "suite.jsonl"
 FIELDS = {"id", "category", "language", "messages", "prompt", "max_tokens"}

@@ -36,13 +36,13 @@ import torch
 from safetensors import safe_open
 from transformers import DynamicCache
 
-from ..bench.prompts import Prompt, load_prompts
 from ..chat import render_chat
 from ..engine.model import capture_streams
 from ..errors import InputFileError
+from ..heads.draft_head import decoder_of
+from ..heads.store import save_tensors
+from ..prompts import Prompt, load_prompts
 from ..util import atomic_write_text
-from .model import decoder_of
-from .store import save_tensors
 
 DATA_DIR = "data"
 MANIFEST = "manifest.json"

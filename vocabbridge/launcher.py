@@ -8,8 +8,9 @@ Two ways to start one:
 - **subprocess**: ``vocabbridge serve ... --host 127.0.0.1 --port P`` on a free port, ``/health``
   polled until it answers 200, stopped with SIGINT (then killed). This is the way for vLLM.
 
->>> [(d.name, d.drafter, d.mode) for d in parse_drafters("none, ngram, smollm2-135m:bridged")]
-[('none', 'none', 'auto'), ('ngram', 'ngram', 'auto'), ('smollm2-135m:bridged', 'smollm2-135m', 'bridged')]
+It sits above the bench (a pure HTTP client) and beside the CLI: it builds engines and servers, the
+bench only measures them. Configurations are :class:`~vocabbridge.spec.DrafterChoice` items, parsed
+by :func:`vocabbridge.spec.parse_drafters` (the one ``--drafter`` grammar).
 """
 
 from __future__ import annotations
@@ -31,82 +32,18 @@ from typing import TypeVar
 
 import httpx
 
-from ..errors import BenchError, LaunchError, VocabBridgeError
-from ..spec import METHOD_NAMES, MODEL_MODES, EngineSpec
-from ..spec import serve_argv as spec_argv
-from ..vllm.backend import choose_backend
+from .bench.protocol import BenchSettings, Progress, bench_endpoint, finish
+from .bench.results import BenchResult, ConfigResult, Endpoint
+from .errors import BenchError, LaunchError, VocabBridgeError
 from .prompts import Prompt
-from .protocol import BenchSettings, Progress, bench_endpoint, finish
-from .results import BenchResult, ConfigResult, Endpoint
+from .spec import DrafterChoice, EngineSpec, cli_args
+from .vllm.backend import choose_backend
 
 T = TypeVar("T")
 
 HOST = "127.0.0.1"
 NOT_SERVE_OPTIONS = ("target", "drafter")  # given first, before the options that differ from their defaults
-MODES = ("auto", *MODEL_MODES)
 LAUNCHES = ("auto", "inprocess", "subprocess")
-
-
-@dataclass(frozen=True)
-class DrafterChoice:
-    name: str  # the configuration's name, as typed ("smollm2-135m:bridged")
-    drafter: str  # none | ngram | mtp | a model
-    mode: str = "auto"  # for model drafters: auto | draft | bridged | text
-    ngram_first: bool = False  # "MODEL:ngram+MODE": prompt lookup first, the model otherwise
-
-
-def parse_drafters(text: str) -> list[DrafterChoice]:
-    """``none,ngram,mtp[:HEAD],ngram+mtp[:HEAD],MODEL[:MODE],...``; MODE is one of auto, draft, bridged,
-    text, optionally prefixed ``ngram+`` (prompt lookup first, the model when it finds nothing);
-    ``ngram+mtp`` is the same with an MTP head.
-
-    >>> [(d.drafter, d.mode, d.ngram_first) for d in parse_drafters("none,smollm2-135m:ngram+text")]
-    [('none', 'auto', False), ('smollm2-135m', 'text', True)]
-    >>> [(d.name, d.drafter) for d in parse_drafters("mtp,mtp:heads/q15")]  # mtp:PATH: a trained head
-    [('mtp', 'mtp'), ('mtp:q15', 'mtp:heads/q15')]
-    >>> [(d.name, d.drafter, d.ngram_first) for d in parse_drafters("ngram+mtp:heads/q15")]
-    [('ngram+mtp:q15', 'mtp:heads/q15', True)]
-    """
-    out: list[DrafterChoice] = []
-    for item in (s.strip() for s in text.split(",")):
-        if not item:
-            raise BenchError(
-                f"--drafters {text!r} has an empty item; write e.g. none,ngram,qwen2.5-coder-0.5b,smollm2-135m:text."
-            )
-        if item == "ngram+mtp" or item.startswith("ngram+mtp:"):
-            out.append(DrafterChoice(item, item[len("ngram+") :], "auto", True))
-            continue
-        head, colon, tail = item.rpartition(":")
-        hybrid = tail.startswith("ngram+") and tail[len("ngram+") :] in MODES
-        mode_part = tail[len("ngram+") :] if hybrid else tail
-        drafter, mode = (head, mode_part) if colon and head and mode_part in MODES else (item, "auto")
-        hybrid = hybrid and drafter == head
-        if (mode != "auto" or hybrid) and drafter in METHOD_NAMES:
-            raise BenchError(f"--drafters: {item}: a mode applies to model drafters only; write {drafter}.")
-        out.append(DrafterChoice(item, drafter, mode, hybrid))
-    names = [d.name for d in out]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise BenchError(f"--drafters lists {', '.join(dup)} more than once.")
-    # Paths are named by their last part ("/models/draft.gguf:text" → "draft.gguf:text") unless that is ambiguous.
-    short = [_display(d) if os.sep in d.drafter else d.name for d in out]
-    return [dataclasses.replace(d, name=s) for d, s in zip(out, short)] if len(set(short)) == len(short) else out
-
-
-def _display(d: DrafterChoice) -> str:
-    """A path drafter's configuration name: the path by its last part, the rest as typed."""
-    prefix, _, rest = d.name.partition(d.drafter)
-    return prefix + _short(d.drafter) + rest
-
-
-def _short(drafter: str) -> str:
-    """A path drafter's display name: its last part (``mtp:heads/x`` → ``mtp:x``).
-
-    >>> _short("/models/draft.gguf"), _short("mtp:heads/qwen-1.5b")
-    ('draft.gguf', 'mtp:qwen-1.5b')
-    """
-    method, sep, path = drafter.partition(":")
-    return f"mtp:{Path(path).name}" if sep and method == "mtp" else Path(drafter).name
 
 
 @dataclass(frozen=True)
@@ -149,12 +86,12 @@ def free_port(host: str = HOST) -> int:
         return s.getsockname()[1]
 
 
-def serve_argv(
+def serve_command(
     spec: EngineSpec, *, backend: str, port: int, host: str = HOST, max_num_seqs: int | None = None, extra: tuple[str, ...] = ()
 ) -> list[str]:
     """The ``vocabbridge serve`` command for one configuration (engine options that differ from the defaults).
 
-    >>> serve_argv(EngineSpec(target="t", drafter="d", mode="text", num_speculative_tokens=3), backend="embedded", port=9)[3:]
+    >>> serve_command(EngineSpec(target="t", drafter="d", mode="text", num_speculative_tokens=3), backend="embedded", port=9)[3:]
     ['serve', '--target', 't', '--drafter', 'd', '--mode', 'text', '-k', '3', '--backend', 'embedded', '--host', '127.0.0.1', '--port', '9']
     """
     argv = [
@@ -162,7 +99,7 @@ def serve_argv(
         "-m",
         "vocabbridge",
         "serve",
-        *spec_argv(spec),
+        *cli_args(spec),
         "--backend",
         backend,
         "--host",
@@ -202,7 +139,7 @@ def subprocess_server(
     """``vocabbridge serve`` for ``spec`` on a free loopback port, until the block ends (yields the
     endpoint and how to run the benchmark: here, as it is)."""
     port = free_port()
-    argv = serve_argv(spec, backend=ls.backend, port=port, max_num_seqs=ls.max_num_seqs, extra=ls.serve_args)
+    argv = serve_command(spec, backend=ls.backend, port=port, max_num_seqs=ls.max_num_seqs, extra=ls.serve_args)
     url = f"http://{HOST}:{port}"
     log_dir = Path(tempfile.mkdtemp(prefix="vocabbridge-bench-"))
     log = log_dir / "serve.log"
@@ -265,8 +202,8 @@ def inprocess_server(
     the engine (torch's CPU kernels are faster on the main thread, see EngineWorker)."""
     # Imported here, not at the top: the bench is a client for any server and must not need torch
     # (`import vocabbridge.bench` stays torch-free; tests/test_spec.py checks it).
-    from ..engine.factory import build_engine
-    from ..server import serve_in_thread
+    from .engine.factory import build_engine
+    from .server import serve_in_thread
 
     t0 = time.perf_counter()
     built = build_engine(spec, loaded=loaded)

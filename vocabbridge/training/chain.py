@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..heads.draft_head import DraftHead, norm_scale
 from .data import Sequence
-from .model import DraftHead, norm_scale
 
 # ==== batches =====================================================================================
 

@@ -35,15 +35,15 @@ import torch
 from ..engine.invariant import quantize_rows
 from ..engine.model import load_causal_lm, resolve_device
 from ..errors import ConfigError
+from ..heads.draft_head import DraftHead, new_head, target_parts
+from ..heads.eagle3 import check_host, default_aux_layers, new_eagle3_head
+from ..heads.store import save_head, target_record
 from ..presets import resolve_model
 from ..util import atomic_write_text
 from .chain import batches, chain_loss, collate, evaluate, least_squares_start
 from .curves import plot_curves
 from .data import DATA_DIR, DataPlan, Sequence, draft_vocabulary, generate_data, load_shard, render_prompts, training_prompts
-from .eagle3 import check_host, default_aux_layers, new_eagle3_head
-from .model import DraftHead, new_head, target_parts
 from .progress import Progress
-from .store import save_head, target_record
 
 TRAIN_DIR = "train"
 CKPT = "checkpoint.pt"

@@ -1,4 +1,4 @@
-"""``python -m vocabbridge.vllm.launch serve MODEL …``: vLLM's own CLI, from whichever vLLM
+"""``python -m vocabbridge.vllm.entrypoint serve MODEL …``: vLLM's own CLI, from whichever vLLM
 distribution is installed, without touching site-packages.
 
 vLLM's CLI asks ``importlib.metadata.version("vllm")`` before it parses any argument, but the CPU

@@ -50,12 +50,12 @@ from safetensors.torch import load_file
 
 from ..engine.convert import converted_folder
 from ..errors import ConfigError, ModelLoadError
+from ..heads import VLLM_EXPORT
+from ..heads.eagle3 import HOSTS as EAGLE3_HOSTS
+from ..heads.layouts import checkpoint_files
+from ..heads.store import WEIGHTS_FILE, read_head_config, save_tensors
 from ..presets import resolve_model
 from ..util import atomic_write_text
-from . import VLLM_EXPORT
-from .eagle3 import HOSTS as EAGLE3_HOSTS
-from .layouts import checkpoint_files
-from .store import WEIGHTS_FILE, read_head_config, save_tensors
 
 HOSTS = ("qwen2", "llama", "mistral")  # targets whose decoder layer vLLM's MiMo MTP layer (Qwen2's) reproduces
 QKV = ("q_proj", "k_proj", "v_proj")
