@@ -12,7 +12,8 @@ Two parts, one run:
    server's counters stay consistent (accepted ≤ draft tokens, per-position sums = accepted,
    request_success = answered + aborted), and the process's resident memory stays flat.
 
-    VOCABBRIDGE_MODELS=/work/models python benchmarks/bench_soak.py --log benchmarks/results/soak.log
+    OUT=benchmarks/results/$(date +%F)-soak && mkdir -p $OUT
+    VOCABBRIDGE_MODELS=/work/models python benchmarks/bench_soak.py --log $OUT/run.log --json $OUT/results.json
 
 Defaults: target Qwen2.5-Coder-0.5B-Instruct (32k context, so a 20k-token prompt fits), n-gram
 drafter (k = 4), greedy, the server in this process on loopback (real uvicorn, real HTTP).

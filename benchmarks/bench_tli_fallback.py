@@ -7,7 +7,8 @@ bench suite's prompts, for:
 - ``tli bytes-map first``: our map, unpaired → the first token of its input-bridge spelling (the plugin's default);
 - ``bridged`` and ``text``: our drafters that read the whole context (for reference).
 
-    VOCABBRIDGE_MODELS=/work/models python benchmarks/bench_tli_fallback.py --log benchmarks/results/tli-fallback.log
+    OUT=benchmarks/results/$(date +%F)-tli-fallback && mkdir -p $OUT
+    VOCABBRIDGE_MODELS=/work/models python benchmarks/bench_tli_fallback.py --log $OUT/run.log
 
 One target forward per sequence gives the target's greedy token at every position; each drafter
 then proposes at every position as it would while decoding (vocabbridge.engine.offline).

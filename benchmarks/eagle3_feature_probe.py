@@ -1,15 +1,15 @@
 """Which target features predict the target's next hidden state best? A linear probe for choosing an
 EAGLE-3 head's layers (vocabbridge/heads/eagle3.py: default_aux_layers).
 
-    VOCABBRIDGE_MODELS=/work/models python probe.py generate 6   # 96 training prompts × 96 greedy tokens, int8 target
-    VOCABBRIDGE_MODELS=/work/models python probe.py fit          # ridge fits, held-out greedy agreement
+    VOCABBRIDGE_MODELS=/work/models python benchmarks/eagle3_feature_probe.py generate 6   # 96 training prompts × 96 greedy tokens, int8 target
+    VOCABBRIDGE_MODELS=/work/models python benchmarks/eagle3_feature_probe.py fit          # ridge fits, held-out greedy agreement
 
 ``generate`` stores, for every position, the final hidden state h and the residual streams entering
 layers 2, 7, 14, 20, 25, 27 and 28 (28: the final norm's input). ``fit`` regresses h_{t+1} (divided
 by the final norm's scale, as the heads' least-squares start does) on [rms(embed(x_{t+1})), rms(features)]
 for each feature set, over the prompts not held out, and counts how often the lm_head on the
 prediction gives the target's greedy token x_{t+2}, at the held-out prompts' generated positions.
-Run of 2026-12-02 (2-core AVX2 machine): results.md beside this file.
+Run of 2026-12-02 (2-core AVX2 machine): benchmarks/results/2026-12-02-eagle3-head/feature-probe/results.md.
 """
 
 import random
@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from transformers import DynamicCache
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vocabbridge.engine.convert import converted_folder  # noqa: E402

@@ -1,14 +1,18 @@
 """The ridge strength of the least-squares start, swept on the 1.5B head's cached training data.
 
-    VOCABBRIDGE_MODELS=/work/models python ridge.py [MAX_POSITIONS] [EH_RIDGES] [DOWN_RIDGES]
+    python benchmarks/mtp_ridge_sweep.py [MAX_POSITIONS] [EH_RIDGES] [DOWN_RIDGES]
 
 For each eh_proj ridge: fit eh_proj, accumulate the down_proj normal equations once (up to
 MAX_POSITIONS training positions), then solve them for each down_proj ridge and score the start
 alone (no gradient step) on the held-out split: greedy acceptance at draft positions 1/2/3, mean
-acceptance length, soft cross-entropy. Writes results-MAX_POSITIONS.json beside this file.
+acceptance length, soft cross-entropy. Reads the data a 1.5B head's train-head run cached
+(heads/qwen2.5-coder-1.5b/train/data, from the repository root; VOCABBRIDGE_HEAD_DATA to point
+elsewhere) and writes ridge-sweep-MAX_POSITIONS.json in the current folder. The run of 2026-12-01
+(2-core AVX2 machine): benchmarks/results/2026-12-01-mtp-head/ridge-sweep/.
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,13 +20,14 @@ from pathlib import Path
 import torch
 
 from vocabbridge.engine import load_causal_lm
-from vocabbridge.heads import chain
 from vocabbridge.heads.draft_head import new_head, target_parts
 from vocabbridge.presets import resolve_model
+from vocabbridge.training import chain
 from vocabbridge.training.data import draft_vocabulary, load_shard
 from vocabbridge.training.train import Recipe, split_heldout
 
-DATA = Path("/work/main/heads/qwen2.5-coder-1.5b/train/data")
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("VOCABBRIDGE_HEAD_DATA", ROOT / "heads/qwen2.5-coder-1.5b/train/data"))
 
 
 def ridges(i: int, default: str) -> list[float]:
@@ -74,7 +79,7 @@ def main() -> None:
             }
             print(row, f"{time.time() - t:.0f}s", flush=True)
             results.append(row)
-    (Path(__file__).parent / f"results-{max_pos}.json").write_text(json.dumps(results, indent=1))
+    Path(f"ridge-sweep-{max_pos}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
