@@ -50,6 +50,7 @@ class Option:
     hi_open: bool = False
     metavar: str | None = None
     vllm: str | None = None  # what vLLM does with it; None = the embedded engine only
+    vllm_help: str = ""  # help added in commands with --backend vllm (serve, bench), left out of the others
 
 
 def _opt(default: Any, flag: str, help: str, **kw) -> Any:
@@ -94,11 +95,11 @@ class EngineSpec:
     map_path: str | None = _opt(
         None,
         "--map",
-        "Token map for --mode bridged or tli (built and cached when absent); with --backend vllm --mode tli, vLLM's "
-        "VocabMapping is built from it.",
+        "Token map for --mode bridged or tli (built and cached when absent).",
         kind="path",
         metavar="FILE",
         vllm="VocabMapping (tli, the vocabbridge plugin)",
+        vllm_help="With --backend vllm --mode tli, vLLM's VocabMapping is built from it.",
     )
     map_mode: str = _opt(
         "bytes",

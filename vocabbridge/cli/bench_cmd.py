@@ -17,8 +17,16 @@ from ..bench.outputs import sections
 from ..errors import BenchError
 from ..launcher import LaunchSettings, bench_launched
 from ..report import print_sections, to_json
-from ..spec import parse_drafters
-from .common import OUTPUT_DIR, api_key_option, backend_option, json_option, max_num_seqs_option, spec_options
+from ..spec import MODEL_MODES, parse_drafters
+from .common import (
+    OUTPUT_DIR,
+    api_key_option,
+    backend_option,
+    drafter_methods,
+    json_option,
+    max_num_seqs_option,
+    spec_options,
+)
 
 
 def _int_list(ctx, param, value: str) -> tuple[int, ...]:
@@ -111,7 +119,9 @@ def _command_line() -> str | None:
 @click.option(
     "--drafters",
     metavar="LIST",
-    help="Configurations to start in turn: none,ngram,[ngram+]mtp[:HEAD_FOLDER],MODEL[:[ngram+]draft|bridged|text],...",
+    help="Configurations to start in turn, comma-separated, each as --drafter takes it: "
+    f"{', '.join(drafter_methods(engine=False))}, [ngram+]mtp:HEAD_FOLDER, self:L, or MODEL[:[ngram+]MODE] "
+    f"(MODE: {', '.join(MODEL_MODES)}); e.g. none,ngram,smollm2-135m:text.",
 )
 @backend_option("As `vocabbridge serve --backend`.")
 @click.option(

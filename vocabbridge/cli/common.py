@@ -17,7 +17,7 @@ from click.shell_completion import CompletionItem
 from rich.console import Console
 
 from ..errors import VocabBridgeError
-from ..spec import DRAFTERS, METHOD_NAMES, EngineSpec, Option, options
+from ..spec import DRAFTERS, METHOD_NAMES, MODEL_MODES, EngineSpec, Option, options
 from ..util import atomic_write_text
 
 
@@ -192,11 +192,27 @@ def _click_option(name: str, o: Option, default, help_text: str, *, required: bo
     return click.option(*decls, name, **kw)
 
 
+def drafter_methods(*, engine: bool) -> list[str]:
+    """The methods ``--drafter`` takes besides a model: those the embedded engine has (``engine``), or all."""
+    return [m for m in METHOD_NAMES if not engine or DRAFTERS[m].engine is not None]
+
+
+def drafter_help(*, engine: bool) -> str:
+    """``--drafter``'s help, from the registry (every method, the model modes, the grammar)."""
+    return (
+        f"What drafts: {', '.join(drafter_methods(engine=engine))}, or a drafter model (a preset, a folder, a .gguf file "
+        "or a hub id); mtp:HEAD_FOLDER drafts with a head trained by train-head, self:L with the target's own first L "
+        f"layers; MODEL:MODE picks how a model meets the target ({', '.join(MODEL_MODES)}, as --mode), MODEL:ngram+MODE "
+        "and ngram+mtp:HEAD put prompt lookup first."
+    )
+
+
 def spec_options(*, exclude: tuple[str, ...] = (), engine: bool = True, drafter_required: bool = False):
     """Every :class:`EngineSpec` field as a click option (flag, help, type and default come from
     the field), merged into one ``spec`` argument. ``exclude``: fields the command sets itself
-    (bench's ``--drafters`` list). ``engine``: the command runs the embedded engine, so
-    ``--drafter`` lists only the methods it has."""
+    (bench's ``--drafters`` list). ``engine``: the command runs only the embedded engine, so
+    ``--drafter`` lists only the methods it has and the help says nothing of vLLM; ``engine=False``
+    (serve, bench: they have ``--backend vllm``) adds what an option does there (``Option.vllm_help``)."""
     fields = [(name, o, default) for name, o, default in options() if name not in exclude]
 
     def spec_from(params: dict) -> EngineSpec:
@@ -213,15 +229,9 @@ def spec_options(*, exclude: tuple[str, ...] = (), engine: bool = True, drafter_
         wrapper.spec_from = spec_from  # the spec a parsed command line makes (tests)
 
         for name, o, default in reversed(fields):
-            help_text = o.help
+            help_text = o.help + (f" {o.vllm_help}" if not engine and o.vllm_help else "")
             if name == "drafter":
-                methods = [m for m in METHOD_NAMES if not engine or DRAFTERS[m].engine is not None]
-                help_text = (
-                    f"What drafts: {', '.join(methods)}, or a drafter model (a preset, a folder, a .gguf file or a hub id); "
-                    "mtp:HEAD_FOLDER drafts with a head trained by train-head, self:L with the target's own first L layers; "
-                    "MODEL:MODE picks how a model meets the target (as --mode), MODEL:ngram+MODE and ngram+mtp:HEAD put "
-                    "prompt lookup first."
-                )
+                help_text = drafter_help(engine=engine)
             wrapper = _click_option(name, o, default, help_text, required=name == "drafter" and drafter_required)(wrapper)
         return wrapper
 
