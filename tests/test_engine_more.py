@@ -110,6 +110,20 @@ def test_generate_cli_table_and_chat_template(tiny):
     assert "acceptance rate" in r.output and "Speculative decoding (ngram)" in r.output
 
 
+def test_the_text_leaves_out_the_stop_token_that_ended_it(tiny):
+    """``GenerationResult.text`` is what a reader sees: no end-of-turn token (`<|im_end|>` printed by
+    `generate` before); the tokens keep it, as vLLM's token ids do."""
+    t = tiny["target"]
+    prompt = t.view.encode(PROMPT)
+    free = SpecEngine(t).generate(prompt, SamplingParams(max_new_tokens=12, ignore_eos=True)).tokens
+    engine = SpecEngine(t, NgramDrafter(), num_speculative_tokens=3)
+    engine.eos_ids = frozenset({free[5]})  # the model's 6th token (or an earlier copy of it) ends the turn
+    r = engine.generate(prompt, SamplingParams(max_new_tokens=12))
+    end = free.index(free[5])
+    assert (r.finish_reason, r.tokens) == ("stop", free[: end + 1])
+    assert r.text == t.view.decode_bytes(free[:end]).decode("utf-8", errors="replace")
+
+
 def test_generate_cli_needs_a_prompt(tiny):
     r = CliRunner().invoke(main, ["generate", "--target", tiny["target"].source])
     assert r.exit_code == 1 and "exactly one of --prompt and --prompt-file" in r.output

@@ -104,3 +104,25 @@ def test_generate_command_on_the_real_model(smol):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["plain"]["identical"] is True and out["stats"]["generated"] == 16
+
+
+def test_generate_and_the_server_show_no_end_of_turn_token(smol):
+    """SmolLM2 ends its answer with <|im_end|>, which `generate` printed as text: the text stops
+    before it (the token ids keep it), in `generate` and in the server, streaming or not."""
+    say = "Say hello in one short sentence."
+    printed = CliRunner().invoke(main, ["generate", "--target", str(SMOL), "--drafter", "ngram", "-p", say, "--max-tokens", "64"])
+    assert printed.exit_code == 0, printed.output
+    built = _built(smol, "ngram")
+    messages = [{"role": "user", "content": say}]
+    want = built.engine.generate(chat_prompt_ids(built.target.view, messages), SamplingParams(max_new_tokens=64))
+    end = built.target.view.encode("<|im_end|>")
+    assert want.finish_reason == "stop" and want.tokens[-1:] == end  # the model ended its turn
+    assert "<|im_end|>" not in want.text and printed.stdout.startswith(want.text + "\n")
+    with serve_in_thread(built) as srv, httpx.Client(base_url=srv.url, timeout=120) as c:
+        body = {"messages": messages, "max_tokens": 64, "temperature": 0}
+        whole = c.post("/v1/chat/completions", json=body | {"return_token_ids": True}).json()["choices"][0]
+        with c.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as r:
+            chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    streamed = "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks if ch["choices"])
+    assert (whole["token_ids"], whole["finish_reason"]) == (want.tokens, "stop")
+    assert whole["message"]["content"] == streamed == want.text

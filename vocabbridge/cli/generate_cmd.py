@@ -11,6 +11,7 @@ import click
 from ..chat import chat_prompt_ids
 from ..engine import SamplingParams, SpecEngine
 from ..engine.drafters import SelfSpecDrafter
+from ..engine.engine import shown_tokens
 from ..engine.factory import build_engine
 from ..engine.offline import eval_drafter, eval_sequences, sweep_self_spec
 from ..engine.summary import offline_section, self_sweep_section, stats_section
@@ -27,14 +28,15 @@ def _prompt_ids(view, prompt: str, raw: bool, thinking: bool | None) -> list[int
 
 
 class _Printer:
-    """Prints each step's text as it comes (an incremental UTF-8 decoder holds split characters back)."""
+    """Prints each step's text as it comes (an incremental UTF-8 decoder holds split characters back),
+    without the stop token that ends it."""
 
     def __init__(self, view):
         self.view = view
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, step) -> None:
-        sys.stdout.write(self.decoder.decode(self.view.decode_bytes(step.tokens)))
+        sys.stdout.write(self.decoder.decode(self.view.decode_bytes(shown_tokens(step.tokens, step.finish_reason))))
         sys.stdout.flush()
 
     def close(self) -> None:

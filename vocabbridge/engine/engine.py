@@ -51,11 +51,21 @@ class StepOutput:
 
 @dataclass
 class GenerationResult:
-    tokens: list[int]
+    tokens: list[int]  # every token generated, the stop token that ended them included
     finish_reason: str
     stats: SpecStats
-    text: str = ""
+    text: str = ""  # what a reader sees: the tokens without that stop token (as vLLM's text)
     k_trace: list[int] = field(default_factory=list)
+
+
+def shown_tokens(tokens: list[int], finish_reason: str | None) -> list[int]:
+    """The tokens whose text a reader sees: all but the stop token (end of turn, eos, a stop id) that
+    ended them; a step or a result that finished with "stop" ends with exactly one.
+
+    >>> shown_tokens([5, 6, 2], "stop"), shown_tokens([5, 6, 2], "length")
+    ([5, 6], [5, 6, 2])
+    """
+    return tokens[:-1] if finish_reason == "stop" and tokens else tokens
 
 
 # ==== the engine ================================================================================
@@ -177,7 +187,7 @@ class SpecEngine:
             tokens += step.tokens
             if step.finished:
                 finish = step.finish_reason or finish
-        text = self.target.view.decode_bytes(tokens).decode("utf-8", errors="replace")
+        text = self.target.view.decode_bytes(shown_tokens(tokens, finish)).decode("utf-8", errors="replace")
         return GenerationResult(tokens, finish, stats, text)
 
     # ==== pieces ================================================================================
