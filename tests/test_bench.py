@@ -34,7 +34,7 @@ def _built(tiny, drafter: str):
     t = tiny["target"]
     loaded = {t.source: t, tiny["draft"].source: tiny["draft"]}
     name = {"self": t.source, "draft": tiny["draft"].source}.get(drafter, drafter)
-    kw = {"drafter_dtype": "float32"} if "drafter_dtype" in EngineSpec.__dataclass_fields__ else {}  # not int8: see below
+    kw = {"dtype": "float32", "drafter_dtype": "float32"}  # the loaded fp32 models; drafters not int8: see below
     # fp32 drafters, so that the target drafting for itself proposes exactly its own greedy tokens.
     return build_engine(EngineSpec(target=t.source, drafter=name, num_speculative_tokens=3, **kw), loaded=loaded)
 

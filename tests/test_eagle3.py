@@ -140,7 +140,13 @@ def test_eagle3_drafter_greedy_output_is_identical_to_plain(trained, engine_targ
 
 def test_ngram_first_with_an_eagle3_head_stays_lossless(trained, engine_target):
     built = build_engine(
-        EngineSpec(target=engine_target.source, drafter=f"mtp:{trained['head']}", drafter_dtype="float32", ngram_first=True),
+        EngineSpec(
+            target=engine_target.source,
+            drafter=f"mtp:{trained['head']}",
+            dtype="float32",
+            drafter_dtype="float32",
+            ngram_first=True,
+        ),
         loaded={engine_target.source: engine_target},
     )
     ids = engine_target.view.encode(PROMPTS[0] * 3)

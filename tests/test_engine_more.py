@@ -186,7 +186,7 @@ def test_ngram_first_drafter_is_lossless_and_uses_both(tiny):
 def test_tli_drafter_is_vllms_heterogeneous_path_and_stays_lossless(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("VOCABBRIDGE_CACHE", str(tmp_path))
     t, spm = tiny["target"], tiny["spm"]
-    spec = EngineSpec(target=t.source, drafter=spm.source, mode="tli", drafter_dtype="float32")
+    spec = EngineSpec(target=t.source, drafter=spm.source, mode="tli", dtype="float32", drafter_dtype="float32")
     built = build_engine(spec, loaded={t.source: t, f"{spm.source}@float32": spm})
     d = built.engine.drafter
     assert built.mode == "tli" and d.unpaired == "unk" and d.token_map.mode == "vllm"  # vLLM's own map and fallback

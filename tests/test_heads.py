@@ -291,7 +291,13 @@ def test_ngram_first_with_the_mtp_head_stays_lossless_and_uses_both(trained, eng
     """--ngram-first with mtp: prompt lookup proposes where the context repeats, the head elsewhere;
     the head's session keeps receiving the target's hidden states through the n-gram steps."""
     built = build_engine(
-        EngineSpec(target=engine_target.source, drafter=f"mtp:{trained['head']}", drafter_dtype="float32", ngram_first=True),
+        EngineSpec(
+            target=engine_target.source,
+            drafter=f"mtp:{trained['head']}",
+            dtype="float32",
+            drafter_dtype="float32",
+            ngram_first=True,
+        ),
         loaded={engine_target.source: engine_target},
     )
     assert built.mode == "ngram+mtp"
@@ -358,7 +364,7 @@ def test_the_target_defaults_to_the_one_the_head_was_trained_for(trained):
 
 def test_the_drafter_registry_builds_the_mtp_drafter(trained, engine_target):
     built = build_engine(
-        EngineSpec(target=engine_target.source, drafter=f"mtp:{trained['head']}", num_speculative_tokens=3),
+        EngineSpec(target=engine_target.source, drafter=f"mtp:{trained['head']}", dtype="float32", num_speculative_tokens=3),
         loaded={engine_target.source: engine_target},
     )
     assert built.mode == "mtp" and built.describe()["drafter"]["draft_vocab_size"] == 400

@@ -7,7 +7,7 @@ import pytest
 
 from vocabbridge.engine import NgramDrafter, SamplingParams, SpecEngine
 from vocabbridge.engine.drafters import NgramFirstDrafter
-from vocabbridge.engine.policies import EXPLORE, REMEASURE, Acceptance, CostAware, RowCosts
+from vocabbridge.engine.policies import EXPLORE, REMEASURE, Acceptance, CostAware, RowCosts, row_cost_ratio
 
 from .test_engine import PROMPTS, drafters, plain  # noqa: F401 (plain: the plain greedy outputs, a fixture)
 
@@ -194,3 +194,22 @@ def test_whatever_lengths_the_policy_picks_the_output_is_plain(tiny, plain, name
         engine = SpecEngine(t, drafter, num_speculative_tokens=4, cost_aware=True)
         for p in PROMPTS:
             assert engine.generate(t.view.encode(p), SamplingParams(max_new_tokens=48, ignore_eos=True)).tokens == plain[p]
+
+
+# ==== the default length policy follows what rows cost ==============================================
+
+
+def test_the_length_policy_follows_the_measured_cost_of_rows(tiny):
+    from vocabbridge.engine.factory import draft_length_policy
+    from vocabbridge.spec import EngineSpec
+
+    t = tiny["target"]
+    spec = EngineSpec(target=t.source, drafter="ngram", num_speculative_tokens=4)
+    assert row_cost_ratio(_DearRows(t), 5) > 2.0  # sleeps 20 ms + 10 ms a further row: 60 / 20 ms
+    dear, why = draft_length_policy(spec, _DearRows(t))
+    assert dear and why.startswith("cost-aware (5 rows measured") and "dear" in why
+    cheap, why = draft_length_policy(spec, t)  # the tiny model's rows cost next to nothing more
+    assert not cheap and why.startswith("fixed k=4 (5 rows measured") and "cheap" in why
+    assert draft_length_policy(spec.replace(cost_aware=False), _DearRows(t)) == (False, "fixed k=4 (asked for)")
+    assert draft_length_policy(spec.replace(cost_aware=True), t) == (True, "cost-aware (asked for)")
+    assert draft_length_policy(spec.replace(drafter="none"), _DearRows(t)) == (False, "")

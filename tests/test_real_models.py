@@ -47,6 +47,7 @@ def smol():
 
 
 def _built(loaded, drafter, **kw):
+    kw.setdefault("dtype", "float32")  # these tests check the fp32 torch target (the default is llama.cpp's or int8)
     return build_engine(EngineSpec(target=str(SMOL), drafter=drafter, num_speculative_tokens=4, **kw), loaded=loaded)
 
 

@@ -50,6 +50,22 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
+def _path_check() -> Check:
+    """What the engine commands' defaults (--kernels auto, --dtype auto) run a target on here, and why."""
+    from .engine.path import choose_path
+    from .spec import EngineSpec
+
+    try:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        device = "cpu"
+    target = next((n for n in ("qwen2.5-coder-1.5b", *PRESETS) if resolve_model(n) != PRESETS[n].hub_id), "qwen2.5-coder-1.5b")
+    path = choose_path(EngineSpec(target=target, drafter="ngram"), device=device)
+    return Check("default path", "ok", f"a {target} target runs on {path.label()}: {path.why}")
+
+
 def _llama_check() -> Check:
     """llama-cpp-python (``--kernels llama.cpp``): installed, and built for this CPU's vector units."""
     v = _v("llama-cpp-python")
@@ -139,6 +155,7 @@ def run_checks(*, launch_vllm: bool = True) -> tuple[list[Check], object]:
                 )
             )
     checks.append(_llama_check())
+    checks.append(_path_check())
     folder = models_dir()
     local = [n for n in PRESETS if resolve_model(n) != PRESETS[n].hub_id]
     if folder is None:

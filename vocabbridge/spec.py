@@ -58,6 +58,7 @@ def _opt(default: Any, flag: str, help: str, **kw) -> Any:
 
 
 MAP_MODES = ("bytes", "vllm")
+DEAR_ROWS = 1.8  # k + 1 rows costing more than this many times one row make the cost-aware length the default
 BY_PROPOSERS = "honoured by vocabbridge's proposers in vLLM (bridged, text)"
 BY_NGRAM_MAP = "honoured by vocabbridge's ngram-map proposer in vLLM"
 
@@ -195,16 +196,22 @@ class EngineSpec:
         vllm="suffix_decoding_max_cached_requests (suffix; vLLM's own default is 10000)",
     )
     adaptive_k: bool = _opt(
-        False, "--adaptive-k", "Grow k after a fully accepted draft, shrink it after a miss.", kind="bool", off_flag="--fixed-k"
-    )
-    cost_aware: bool = _opt(
         False,
+        "--adaptive-k",
+        "Grow k after a fully accepted draft, shrink it after a miss.",
+        kind="bool",
+        off_flag="--no-adaptive-k",
+    )
+    cost_aware: bool | None = _opt(
+        None,
         "--cost-aware",
         "Draft, each step, the length with the most expected tokens per second (0 = a plain step): from this "
-        "request's acceptance per draft position and the target's measured seconds per forward by rows. For kernels on "
-        "which rows are dear (llama.cpp's on a small CPU), so that drafting never costs more than it saves.",
+        "request's acceptance per draft position and the target's measured seconds per forward by rows, so drafting "
+        "never costs more than it saves. Unset: on where the engine measures at load that k + 1 rows cost more than "
+        f"{DEAR_ROWS:g}x one row (llama.cpp's kernels on a small CPU), off where rows are cheap (int8, GPU). "
+        "--fixed-k drafts k every step.",
         kind="bool",
-        off_flag="--no-cost-aware",
+        off_flag="--fixed-k",
     )
     min_confidence: float = _opt(
         0.0,
@@ -244,9 +251,9 @@ class EngineSpec:
     dtype: str = _opt(
         "auto",
         "--dtype",
-        "Target dtype: auto (the embedded engine: fp32 on CPU, bf16 on CUDA; vLLM: its own), float32, bfloat16, "
-        "float16, or int8 (the embedded engine on a CPU: int8 weights and activations, batch-invariant by construction, "
-        "so speculative output is token-identical to plain decoding; ~3x fp32's speed).",
+        "Target dtype: auto (the embedded engine on a CPU: int8, or the GGUF as it is on llama.cpp's kernels; bf16 on "
+        "CUDA; vLLM: its own), int8 (int8 weights and activations, batch-invariant by construction, so speculative "
+        "output is token-identical to plain decoding; ~3x fp32's speed), float32, bfloat16, float16.",
         vllm="--dtype",
     )
     drafter_dtype: str = _opt(
@@ -257,13 +264,14 @@ class EngineSpec:
     )
     device: str = _opt("auto", "--device", "Where the models run: auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …")
     kernels: str = _opt(
-        "torch",
+        "auto",
         "--kernels",
-        "What the embedded engine runs the models on: torch (transformers; fp32 on the CPU, or --dtype int8) or "
-        "llama.cpp (the GGUF files as they are, on llama.cpp's quantized CPU kernels, the target's forwards shaped so "
-        "that speculative output stays identical to plain; pip install 'vocabbridge[llama]').",
+        "What the embedded engine runs the target on: auto (on a CPU, llama.cpp's kernels for a GGUF target where "
+        "llama-cpp-python is installed, else torch's int8 invariant target; torch on a GPU), torch (transformers; "
+        "--dtype picks int8, float32 …), or llama.cpp (the GGUF files as they are, on llama.cpp's quantized CPU kernels; "
+        "pip install 'vocabbridge[llama]'). Every choice keeps speculative output identical to plain decoding.",
         kind="choice",
-        choices=("torch", "llama.cpp"),
+        choices=("auto", "torch", "llama.cpp"),
     )
 
     def __post_init__(self):

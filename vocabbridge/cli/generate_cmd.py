@@ -69,6 +69,7 @@ def generate_cmd(spec, prompt, prompt_file, raw, thinking, max_tokens, temperatu
     text = prompt if prompt is not None else prompt_file.read_text(encoding="utf-8")
     with status("loading models…"):
         built = build_engine(spec)
+    click.echo(f"vocabbridge generate: {built.ready_line()}", err=True)
     ids = _prompt_ids(built.target.view, text, raw, thinking)
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     printer = None if as_json else _Printer(built.target.view)
@@ -154,6 +155,7 @@ def eval_drafter_cmd(spec, texts, prompts, continuation_tokens, max_positions, l
         )
     with status("loading models…"):
         built = build_engine(spec)
+    click.echo(f"vocabbridge eval-drafter: {built.ready_line()}", err=True)
     depths = sorted({spec.self_layers, *layers}) if layers else []
     for n in depths:
         SelfSpecDrafter(built.target, layers=n)  # a bad L fails here, before the scoring

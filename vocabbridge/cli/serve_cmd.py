@@ -122,7 +122,7 @@ def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_n
     except BaseException:
         sock.close()
         raise
-    _say(f"loaded in {time.perf_counter() - t0:.1f} s: drafter {built.drafter_label}" + "".join(f"; {n}" for n in built.notes))
+    _say(f"loaded in {time.perf_counter() - t0:.1f} s: {built.ready_line()}" + "".join(f"; {n}" for n in built.notes))
     # The engine runs on this (the main) thread, HTTP in a thread of its own: torch's CPU kernels
     # run faster on the main thread (see EngineWorker).
     handle = serve_in_thread(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..mapping import load_map
 from ..presets import PRESETS, resolve_model
-from ..spec import EngineSpec, resolve_method
+from ..spec import DEAR_ROWS, EngineSpec, resolve_method
 from ..tokenizer import TokenizerView, load_tokenizer, same_vocabulary
 from .drafters import Drafter, NgramFirstDrafter
 from .engine import SpecEngine
@@ -25,6 +25,9 @@ from .invariant import INVARIANT_ROWS
 from .llama_cpp import load_llama_cpp_lm
 from .memory import check_fits
 from .model import QUANTIZED, CausalLM, drafter_dtype_for, load_causal_lm, resolve_device
+from .path import TargetPath, choose_path, is_gguf
+from .policies import row_cost_ratio
+from .static import STATIC_ROWS, static_lm
 
 __all__ = ["BuiltEngine", "EngineSpec", "build_engine", "drafter_dtype", "make_drafter"]
 
@@ -34,9 +37,11 @@ class BuiltEngine:
     engine: SpecEngine
     target: CausalLM
     drafter_lm: CausalLM | None
-    spec: EngineSpec
+    spec: EngineSpec  # as run: --kernels and --dtype made concrete (see ``path``)
     mode: str  # what actually runs: none | ngram | draft | bridged | text, or ngram+MODE
     notes: list[str] = field(default_factory=list)
+    path: TargetPath | None = None  # the target path chosen, and why
+    length_policy: str = ""  # how the draft length is chosen, and why
 
     @property
     def drafter_label(self) -> str:
@@ -53,9 +58,19 @@ class BuiltEngine:
             "cost_aware": self.engine.cost_aware,
             "dtype": str(self.target.dtype).replace("torch.", ""),
             "device": self.target.device,
+            "kernels": self.spec.kernels,
+            "path": self.path.label() if self.path else None,
+            "path_why": self.path.why if self.path else None,
+            "draft_length": self.length_policy,
             "plain_step_rows": self.target.plain_rows,
             "notes": self.notes,
         }
+
+    def ready_line(self) -> str:
+        """One line for people: what runs and why (every command prints it once the models are loaded)."""
+        path = f"target on {self.path.label()} ({self.path.why})" if self.path else ""
+        length = f"; draft length {self.length_policy}" if self.length_policy else ""
+        return f"{path}; drafter {self.drafter_label}, k={self.engine.k}{length}"
 
 
 def make_drafter(spec: EngineSpec, target: CausalLM, drafter_lm: CausalLM | None) -> tuple[Drafter, str, list[str]]:
@@ -118,36 +133,66 @@ def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> di
     return views
 
 
+def concrete(spec: EngineSpec) -> tuple[EngineSpec, TargetPath]:
+    """``spec`` with ``--kernels auto`` / ``--dtype auto`` made concrete (:func:`.path.choose_path`)."""
+    path = choose_path(spec, device=resolve_device(spec.device))
+    return path.apply(spec), path
+
+
 def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None) -> BuiltEngine:
     """Load (or reuse from ``loaded``, keyed by resolved source) the models and wire the engine."""
     loaded = loaded if loaded is not None else {}
+    spec, path = concrete(spec)
     views = preflight(spec, loaded)
+    static_rows = max(STATIC_ROWS, spec.num_speculative_tokens + 1)
 
     def get(name: str, dtype: str, target: bool = False) -> CausalLM:
         src = resolve_model(name)
-        if spec.kernels == "llama.cpp":  # the GGUF as it is; the target batch-invariant
+        if spec.kernels == "llama.cpp" and (target or is_gguf(name)):  # the GGUF as it is; the target batch-invariant
             key = f"{src}@llama.cpp" + ("/invariant" if target else "")
             if key not in loaded:
                 loaded[key] = load_llama_cpp_lm(src, tokenizer=views.get(src), invariant=target)
             return loaded[key]
         rows = INVARIANT_ROWS if target and dtype in QUANTIZED else None  # an int8 target: batch-invariant
         key = (src if dtype == spec.dtype else f"{src}@{dtype}") + (f"/rows={rows}" if rows else "")
+        if path.device != "cpu":  # a GPU: the static cache and CUDA graphs, the target batch-invariant (static.py)
+            key += f"/static={static_rows}" + ("/invariant" if target else "")
         if key not in loaded:
-            loaded[key] = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device, rows=rows)
+            lm = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device, rows=rows)
+            loaded[key] = static_lm(lm, rows=static_rows, invariant=target) if path.device != "cpu" else lm
         return loaded[key]
 
     target = get(spec.target_name, spec.dtype, target=True)
     drafter_lm = get(spec.drafter, drafter_dtype(spec)) if spec.uses_model else None
     drafter, mode, notes = make_drafter(spec, target, drafter_lm)
+    cost_aware, length_policy = draft_length_policy(spec, target)
     engine = SpecEngine(
         target,
         drafter,
         num_speculative_tokens=spec.num_speculative_tokens,
         adaptive_k=spec.adaptive_k,
         backoff=spec.backoff,
-        cost_aware=spec.cost_aware,
+        cost_aware=cost_aware,
         prefill_chunk=spec.prefill_chunk,
     )
     if spec.drafter in PRESETS and PRESETS[spec.drafter].pairs_with and not spec.target:
         notes.append(f"target {spec.target_name} chosen by the drafter preset")
-    return BuiltEngine(engine, target, drafter_lm, spec, mode, notes)
+    return BuiltEngine(engine, target, drafter_lm, spec, mode, notes, path, length_policy)
+
+
+def draft_length_policy(spec: EngineSpec, target: CausalLM) -> tuple[bool, str]:
+    """Whether the cost-aware length runs, and why: as asked (--cost-aware / --fixed-k), else from
+    the target's measured cost of a (k + 1)-row forward in one-row forwards (dear above
+    :data:`~vocabbridge.spec.DEAR_ROWS`)."""
+    if spec.drafter_method == "none":
+        return False, ""
+    if spec.cost_aware is not None:
+        return (
+            spec.cost_aware,
+            "cost-aware (asked for)" if spec.cost_aware else f"fixed k={spec.num_speculative_tokens} (asked for)",
+        )
+    rows = min(spec.num_speculative_tokens + 1, getattr(target, "rows", None) or spec.num_speculative_tokens + 1)
+    ratio = row_cost_ratio(target, rows)
+    if ratio > DEAR_ROWS:
+        return True, f"cost-aware ({rows} rows measured {ratio:.2f}x one row: dear, so a draft must pay for itself)"
+    return False, f"fixed k={spec.num_speculative_tokens} ({rows} rows measured {ratio:.2f}x one row: cheap)"

@@ -1,0 +1,96 @@
+"""Which target path runs: ``--kernels auto`` and ``--dtype auto`` made concrete, with the reason.
+
+The defaults pick the fast *exact* path, never the slow one (measured on the 1.5B target, 2 CPU
+cores): on a CPU, llama.cpp's kernels for a GGUF target where llama-cpp-python is installed (~21
+tok/s, level with llama.cpp itself), else the int8 invariant target (~10 tok/s); fp32 (~2.6 tok/s)
+only when asked. Both are batch-invariant, so speculative output stays token-identical to plain.
+On CUDA, torch in bf16 on a static cache replayed as CUDA graphs, every decode-time forward over
+the same rows so speculative output stays identical there too (:mod:`.static`). Every command's ready line and ``vocabbridge doctor`` print the choice and
+why (:attr:`TargetPath.why`).
+
+>>> from vocabbridge.spec import EngineSpec
+>>> p = choose_path(EngineSpec(target="/no/such/model", dtype="float32"), device="cpu")
+>>> (p.kernels, p.dtype, p.why)
+('torch', 'float32', '--dtype float32 asked for: the torch target in float32')
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..presets import resolve_model
+from ..spec import EngineSpec
+
+HIDDEN_STATE_DRAFTERS = ("mtp", "self")  # they read the target's hidden states or layers: torch only
+LLAMA_INSTALL = "pip install 'vocabbridge[llama]'"
+
+
+@dataclass(frozen=True)
+class TargetPath:
+    kernels: str  # torch | llama.cpp | what --kernels names
+    dtype: str  # the target's dtype: int8 (invariant), float32, bfloat16 …; "gguf" on llama.cpp's kernels
+    device: str
+    why: str
+
+    def apply(self, spec: EngineSpec) -> EngineSpec:
+        """``spec`` with the chosen kernels and dtype in place of auto."""
+        return spec.replace(kernels=self.kernels, dtype=spec.dtype if self.kernels == "llama.cpp" else self.dtype)
+
+    def label(self) -> str:
+        """``llama.cpp kernels (GGUF as is)``, ``torch int8 (invariant)``, ``torch bfloat16 on cuda`` …"""
+        if self.kernels == "llama.cpp":
+            return "llama.cpp kernels (the GGUF as it is)"
+        if self.device != "cpu":
+            return f"{self.kernels} {self.dtype} on {self.device} (static cache, CUDA graphs, batch-invariant)"
+        return f"{self.kernels} {self.dtype}{' (batch-invariant)' if self.dtype == 'int8' else ''}"
+
+
+def is_gguf(source: str) -> bool:
+    """Whether ``source`` (a name resolved through the presets) is a GGUF file, or a folder holding one."""
+    p = Path(resolve_model(source)).expanduser()
+    if p.is_file():
+        return p.suffix == ".gguf"
+    return p.is_dir() and not (p / "config.json").is_file() and len(list(p.glob("*.gguf"))) == 1
+
+
+def llama_cpp_installed() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def choose_path(spec: EngineSpec, *, device: str) -> TargetPath:
+    """The target path for ``spec`` on ``device`` (already resolved: cpu, cuda, cuda:1 …)."""
+    if spec.kernels != "auto":
+        dtype = spec.dtype if spec.dtype != "auto" else _auto_dtype(device)
+        return TargetPath(
+            spec.kernels, "gguf" if spec.kernels == "llama.cpp" else dtype, device, f"--kernels {spec.kernels} asked for"
+        )
+    if device != "cpu":
+        dtype = spec.dtype if spec.dtype != "auto" else "bfloat16"
+        return TargetPath("torch", dtype, device, f"a GPU ({device}): torch in {dtype}")
+    if spec.dtype != "auto":
+        return TargetPath("torch", spec.dtype, device, f"--dtype {spec.dtype} asked for: the torch target in {spec.dtype}")
+    if spec.drafter_method in HIDDEN_STATE_DRAFTERS:
+        return TargetPath(
+            "torch",
+            "int8",
+            device,
+            f"--drafter {spec.drafter_method} reads the target's hidden states, which llama.cpp's kernels do not expose: "
+            "the int8 invariant target",
+        )
+    if not is_gguf(spec.target_name):
+        return TargetPath("torch", "int8", device, "the target is not a GGUF file: the int8 invariant target")
+    if not llama_cpp_installed():
+        return TargetPath(
+            "torch",
+            "int8",
+            device,
+            f"llama-cpp-python is not installed ({LLAMA_INSTALL} for llama.cpp's kernels, about twice as fast): "
+            "the int8 invariant target",
+        )
+    return TargetPath("llama.cpp", "gguf", device, "a GGUF target and llama-cpp-python installed: llama.cpp's kernels")
+
+
+def _auto_dtype(device: str) -> str:
+    return "int8" if device == "cpu" else "bfloat16"
