@@ -34,8 +34,26 @@ def _opt(name: str, help: str, **kw):
 @click.option("-o", "--output", required=True, type=OUTPUT_DIR, help="The head folder to write (heads/NAME).")
 @click.option("--prompts", type=click.Path(exists=True, dir_okay=False), help="JSONL training prompts (bench format).")
 @_opt("max_prompts", "Use the first N prompts (all by default).", type=click.IntRange(1))
+@_opt(
+    "magpie",
+    "Also N prompts the target writes itself (Magpie: the chat template up to a user turn, continued by the "
+    "model), Korean, English and code, filtered, de-duplicated and disjoint from the bench suite; 20000 on a GPU.",
+    type=click.IntRange(0),
+)
+@_opt(
+    "thinking_share",
+    "Where the chat template has enable_thinking: the share of prompts answered with thinking on.",
+    type=click.FloatRange(0, 1),
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=OUTPUT_DIR,
+    help="Where the generated data (and the prompts the target wrote) live [default: OUTPUT/train/data]; "
+    "an MTP head and an EAGLE-3 head can share one (train the EAGLE-3 head first: its data serve both).",
+)
 @_opt("new_tokens", "Greedy tokens generated per prompt.", type=click.IntRange(1))
-@_opt("gen_batch", "Prompts per generation batch (0: 16 on a CPU, 64 on a GPU).", type=click.IntRange(0))
+@_opt("gen_batch", "Prompts per generation batch (0: 16 on a CPU, 256 on a GPU).", type=click.IntRange(0))
 @_opt("top_k", "Soft labels (target probabilities) kept per position.", type=click.IntRange(1))
 @_opt(
     "draft_vocab", "Draft vocabulary: the N target tokens the data uses most (0: the whole vocabulary).", type=click.IntRange(0)
@@ -62,8 +80,10 @@ def _opt(name: str, help: str, **kw):
 )
 @_opt("depth", "Chained draft steps trained (the head re-runs on its own output).", type=click.IntRange(1, 8))
 @_opt("epochs", "Passes over the training data.", type=click.IntRange(1))
-@_opt("batch_tokens", "Positions per optimizer step.", type=click.IntRange(16))
-@_opt("lr", "Peak learning rate (AdamW; linear warm-up, cosine decay).", type=click.FloatRange(0, min_open=True))
+@_opt("batch_tokens", "Positions per optimizer step (0: 512 on a CPU, 16384 on a GPU).", type=click.IntRange(0))
+@_opt(
+    "lr", "Peak learning rate (AdamW; linear warm-up, cosine decay; 0: 3e-5 on a CPU, 5e-5 on a GPU).", type=click.FloatRange(0)
+)
 @_opt("heldout", "Share of prompts held out for the evaluation.", type=click.FloatRange(0, 1, max_open=True))
 @_opt("seed", "Random seed (data split, batch order, initialisation).", type=int)
 @_opt("eval_k", "Draft positions evaluated.", type=click.IntRange(1, 16))
@@ -91,7 +111,7 @@ def _opt(name: str, help: str, **kw):
     "--export-vllm", is_flag=True, help="Also write the head for vLLM (OUTPUT/vllm: EAGLE-3's layout, or MiMo's MTP layout)."
 )
 @json_option("Print the result as JSON.")
-def train_head_cmd(target, output: Path, prompts, restart, export_vllm, as_json, **recipe):
+def train_head_cmd(target, output: Path, prompts, data_dir, restart, export_vllm, as_json, **recipe):
     """Train a draft head for TARGET on its own greedy outputs (self-distillation).
 
     --arch mtp (default): DeepSeek-V3's MTP module: the target's last hidden state and the next
@@ -107,9 +127,16 @@ def train_head_cmd(target, output: Path, prompts, restart, export_vllm, as_json,
       vocabbridge generate --target qwen2.5-coder-1.5b --drafter mtp:heads/qwen2.5-coder-1.5b -k 3 -p "Hi" --compare-plain
       vocabbridge train-head --target qwen2.5-coder-1.5b --arch eagle3 -o heads/q15-eagle3 --budget-minutes 45
       vocabbridge train-head --target smollm2-135m -o heads/smollm2 --max-prompts 40 --epochs 2 --export-vllm
+
+    \b
+    At scale, on a GPU (the data stay on the machine that trains; two heads from one generation):
+      vocabbridge train-head --target Q.gguf --device cuda --arch eagle3 --magpie 20000 --new-tokens 256 \\
+          --depth 3 --epochs 3 --data heads/q15-data -o heads/q15-eagle3
+      vocabbridge train-head --target Q.gguf --device cuda --magpie 20000 --new-tokens 256 \\
+          --depth 3 --epochs 3 --data heads/q15-data -o heads/q15-mtp
     """
     r = Recipe(prompts=prompts, **recipe)
-    result = train_head(target, output, r, restart=restart, quiet=as_json)
+    result = train_head(target, output, r, restart=restart, quiet=as_json, data_dir=data_dir)
     spec = export_for_vllm(output, num_speculative_tokens=r.eval_k) if export_vllm else None
     if as_json:
         out = {

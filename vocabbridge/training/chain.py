@@ -45,17 +45,19 @@ def collate(seqs: list[Sequence], t2d: torch.Tensor, max_len: int, *, features: 
     lens = [min(s.positions, max_len) for s in seqs]
     b, length, d = len(seqs), max(lens), seqs[0].hidden.shape[1]
     k = seqs[0].topk_ids.shape[1]
+    dev = seqs[0].hidden.device  # built where the data lie: on a GPU, no copy per batch
     out = Batch(
-        hidden=torch.zeros(b, length, features_of(seqs[0], features).shape[1]),
-        next_hidden=torch.zeros(b, length, d),
-        next_tokens=torch.zeros(b, length, dtype=torch.long),
-        positions=torch.arange(length).expand(b, length).clone(),
-        label_ids=torch.zeros(b, length, k, dtype=torch.long),
-        label_p=torch.zeros(b, length, k),
-        greedy=torch.full((b, length), -1, dtype=torch.long),
-        valid=torch.zeros(b, length, dtype=torch.bool),
-        generated=torch.zeros(b, length, dtype=torch.bool),
+        hidden=torch.zeros(b, length, features_of(seqs[0], features).shape[1], device=dev),
+        next_hidden=torch.zeros(b, length, d, device=dev),
+        next_tokens=torch.zeros(b, length, dtype=torch.long, device=dev),
+        positions=torch.arange(length, device=dev).expand(b, length).clone(),
+        label_ids=torch.zeros(b, length, k, dtype=torch.long, device=dev),
+        label_p=torch.zeros(b, length, k, device=dev),
+        greedy=torch.full((b, length), -1, dtype=torch.long, device=dev),
+        valid=torch.zeros(b, length, dtype=torch.bool, device=dev),
+        generated=torch.zeros(b, length, dtype=torch.bool, device=dev),
     )
+    t2d = t2d.to(dev)
     for i, (s, n) in enumerate(zip(seqs, lens)):
         out.hidden[i, :n] = features_of(s, features)[:n].float()
         out.next_hidden[i, : n - 1] = s.hidden[1:n].float()
@@ -68,7 +70,7 @@ def collate(seqs: list[Sequence], t2d: torch.Tensor, max_len: int, *, features: 
         out.label_p[i, :m] = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
         out.greedy[i, :m] = ids[:, 0]
         out.valid[i, :m] = p.sum(-1) > 0
-        out.generated[i, :m] = torch.arange(1, m + 1) >= s.gen_start
+        out.generated[i, :m] = torch.arange(1, m + 1, device=dev) >= s.gen_start
     return out
 
 

@@ -70,14 +70,17 @@ def builtin_train_prompts() -> Path:
     return Path(str(resources.files("vocabbridge") / "data" / "train_prompts.jsonl"))
 
 
-def render_prompts(view, prompts: list[Prompt]) -> list[tuple[str, list[int]]]:
+def render_prompts(view, prompts: list[Prompt], *, thinking_share: float = 0.2) -> list[tuple[str, list[int]]]:
     """(id, token ids) per prompt, chat template applied; where the template knows
-    ``enable_thinking``, prompts alternate thinking on and off (ids end in ``+think`` / ``-think``)."""
+    ``enable_thinking``, about ``thinking_share`` of the prompts (every one in 1/share, evenly spread)
+    think and the rest do not (ids end in ``+think`` / ``-think``): the study's mix is ~20 % thinking."""
     thinking = "enable_thinking" in (view.chat_template or "")
+    every = max(1, round(1 / thinking_share)) if thinking_share > 0 else 0
     out = []
     for i, p in enumerate(prompts):
-        kw = {"enable_thinking": i % 2 == 0} if thinking else {}
-        pid = p.id + ("" if not thinking else "+think" if i % 2 == 0 else "-think")
+        on = bool(every) and i % every == 0
+        kw = {"enable_thinking": on} if thinking else {}
+        pid = p.id + ("" if not thinking else "+think" if on else "-think")
         out.append((pid, view.encode(render_chat(view, list(p.messages), **kw))))
     return out
 
@@ -198,6 +201,97 @@ def _generate(model, base, prompts, streams, max_new_tokens, stop_ids, top_k, pa
     ]
 
 
+@torch.inference_mode()
+def generate_batch_fast(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    top_k: int,
+    pad_id: int = 0,
+    aux_layers: tuple[int, ...] = (),
+) -> list[Sequence]:
+    """:func:`generate_batch` for a GPU: transformers' batched greedy ``generate`` for the tokens, then
+    one teacher-forced forward over the whole sequences for their features (:func:`sequence_features`).
+    Two passes at full batch width instead of a Python step per token: what keeps a GPU busy. The
+    features come from the teacher-forced pass, so they agree with each other (the greedy label is
+    that pass's argmax, which a near-tie may set apart from the token generated)."""
+    dev = model.get_input_embeddings().weight.device
+    b, t = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, t), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p) :] = torch.tensor(p)
+        mask[i, t - len(p) :] = 1
+    out = model.generate(
+        input_ids=ids.to(dev),
+        attention_mask=mask.to(dev),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=sorted(stop_ids) or None,
+        pad_token_id=pad_id,
+    )
+    tokens = []
+    for p, g in zip(prompts, out[:, t:].tolist()):
+        cut = next((i + 1 for i, x in enumerate(g) if x in stop_ids), len(g))
+        tokens.append(p + g[:cut])
+    return sequence_features(model, tokens, [len(p) for p in prompts], top_k=top_k, aux_layers=aux_layers)
+
+
+@torch.inference_mode()
+def sequence_features(
+    model,
+    sequences: list[list[int]],
+    gen_starts: list[int],
+    *,
+    top_k: int,
+    aux_layers: tuple[int, ...] = (),
+    batch_tokens: int = 65536,
+) -> list[Sequence]:
+    """The features of whole sequences in teacher-forced forwards (right-padded, about ``batch_tokens``
+    tokens each): per position i ≤ n−2 the final hidden state after ``tokens[:i+1]``, the layer streams
+    and the target's top-k next tokens. The tensors stay on the model's device."""
+    base = decoder_of(model)
+    dev = model.get_input_embeddings().weight.device
+    out: list[Sequence | None] = [None] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    groups, cur = [], []
+    for i in order:
+        if cur and len(sequences[i]) * (len(cur) + 1) > batch_tokens:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    with capture_streams(base, aux_layers) as streams:
+        for group in groups:
+            length = max(len(sequences[i]) for i in group)
+            ids = torch.full((len(group), length), 0, dtype=torch.long)
+            mask = torch.zeros((len(group), length), dtype=torch.long)
+            for r, i in enumerate(group):
+                ids[r, : len(sequences[i])] = torch.tensor(sequences[i])
+                mask[r, : len(sequences[i])] = 1
+            h = base(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=False).last_hidden_state
+            a = streams()
+            for r, i in enumerate(group):
+                n = len(sequences[i])
+                hid = h[r, : n - 1]
+                _, ti, tp = _topk(model, hid, top_k, chunk=4096)
+                out[i] = Sequence(
+                    tokens=torch.tensor(sequences[i], device=dev),
+                    hidden=hid.half(),
+                    topk_ids=ti,
+                    topk_p=tp,
+                    gen_start=gen_starts[i],
+                    aux=a[r, : n - 1].half() if a is not None else None,
+                )
+    return out  # type: ignore[return-value]
+
+
 def _forward_params(module) -> set[str]:
     return set(inspect.signature(module.forward).parameters)
 
@@ -209,20 +303,21 @@ def save_shard(seqs: list[Sequence], path: Path) -> None:
     """One generation batch's sequences as one safetensors file (concatenated, with offsets)."""
     lengths = torch.tensor([len(s.tokens) for s in seqs])
     state = {
-        "tokens": torch.cat([s.tokens for s in seqs]),
-        "hidden": torch.cat([s.hidden for s in seqs]).contiguous(),
-        "topk_ids": torch.cat([s.topk_ids for s in seqs]).contiguous(),
-        "topk_p": torch.cat([s.topk_p for s in seqs]).contiguous(),
+        "tokens": torch.cat([s.tokens for s in seqs]).cpu(),
+        "hidden": torch.cat([s.hidden for s in seqs]).contiguous().cpu(),
+        "topk_ids": torch.cat([s.topk_ids for s in seqs]).contiguous().cpu(),
+        "topk_p": torch.cat([s.topk_p for s in seqs]).contiguous().cpu(),
         "lengths": lengths,
         "gen_start": torch.tensor([s.gen_start for s in seqs]),
     }
     if seqs and seqs[0].aux is not None:
-        state["aux"] = torch.cat([s.aux for s in seqs]).contiguous()
+        state["aux"] = torch.cat([s.aux for s in seqs]).contiguous().cpu()
     save_tensors(state, path, metadata={"prompt_ids": json.dumps([s.prompt_id for s in seqs])})
 
 
-def load_shard(path: Path) -> list[Sequence]:
-    with safe_open(str(path), "pt") as f:
+def load_shard(path: Path, *, device: str = "cpu") -> list[Sequence]:
+    """A shard's sequences, their tensors views into the shard's, read straight onto ``device``."""
+    with safe_open(str(path), "pt", device=str(device)) as f:
         ids = json.loads(f.metadata().get("prompt_ids", "[]"))
         st = {k: f.get_tensor(k) for k in f.keys()}
     out, a, b = [], 0, 0  # a: token offset, b: feature offset
@@ -294,7 +389,8 @@ def generate_data(
         if deadline is not None and len(paths) >= 2 and time.perf_counter() + max(spent, default=0.0) > deadline:
             break  # the next batch would end after the deadline (or the deadline has passed already)
         t = time.perf_counter()
-        seqs = generate_batch(
+        gen = generate_batch_fast if model.get_input_embeddings().weight.device.type == "cuda" else generate_batch
+        seqs = gen(
             model,
             [ids for _, ids in batch],
             max_new_tokens=max_new_tokens,
