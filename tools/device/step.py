@@ -1,0 +1,143 @@
+"""One call on the lent GPU machine: take in the model parts this call carried, start or check
+background jobs, and put requested files in $OUT. Everything lives in /tmp/vb, which the machine
+keeps while it is held (consecutive calls).
+
+    python3 tools/device/step.py [--launch NAME -- CMD...] [--fetch FILE ...] [--tail N]
+
+- parts: .device/parts/*.partNN are appended in order to /tmp/vb/models/NAME.incoming; after the
+  last (the manifest in .device/meta/NAME.json) the sha256 is checked and the file renamed;
+- wheels: .whl/*.whl (transformers 5.19: 5.17 cannot read GGUF tokenizers; gguf) are installed into
+  /tmp/vb/site once;
+- --launch: CMD runs in its own session (setsid) so that it outlives the call; its output goes to
+  /tmp/vb/logs/NAME.log; the environment points the package at the repo copy and the models;
+- every call prints the end of each job's log, whether it still runs, and the GPU's state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VB = Path("/tmp/vb")
+ENV = {
+    "VOCABBRIDGE_MODELS": str(VB / "models"),
+    "VOCABBRIDGE_CACHE": str(VB / "cache"),
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def env() -> dict[str, str]:
+    path = os.pathsep.join([str(VB / "site"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return os.environ | ENV | {"PYTHONPATH": path}
+
+
+def wheels() -> None:
+    done = VB / "site" / ".installed"
+    whl = sorted((ROOT / ".whl").glob("*.whl"))
+    if done.exists() or not whl:
+        return
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir"]
+    subprocess.run([*cmd, "--upgrade", "--target", str(VB / "site"), *map(str, whl)], check=True)
+    done.write_text("\n".join(w.name for w in whl))
+    print("wheels installed:", ", ".join(w.name for w in whl))
+
+
+def parts() -> None:
+    models = VB / "models"
+    for manifest in sorted((ROOT / ".device" / "meta").glob("*.json")):
+        m = json.loads(manifest.read_text())
+        name, total = m["name"], m["parts"]
+        final, incoming, got = models / name, models / f"{name}.incoming", models / f"{name}.received"
+        if final.exists():
+            continue
+        have = int(got.read_text()) if got.exists() else 0
+        for p in sorted((ROOT / ".device" / "parts").glob(f"{name}.part*")):
+            n = int(p.name.rsplit(".part", 1)[1])
+            if n != have + 1:
+                if n > have + 1:
+                    print(f"{name}: part {n} out of order (have {have} of {total})")
+                continue
+            with incoming.open("ab") as out, p.open("rb") as src:
+                shutil.copyfileobj(src, out)
+            have = n
+            got.write_text(str(have))
+        print(f"{name}: {have} of {total} parts")
+        if have == total:
+            sha = hashlib.sha256()
+            with incoming.open("rb") as f:
+                while chunk := f.read(1 << 24):
+                    sha.update(chunk)
+            if sha.hexdigest() == m["sha256"]:
+                incoming.rename(final)
+                print(f"{name}: complete, sha256 ok")
+            else:
+                print(f"{name}: SHA256 MISMATCH ({sha.hexdigest()}), starting over")
+                incoming.unlink()
+                got.unlink()
+
+
+def launch(name: str, cmd: list[str]) -> None:
+    log = VB / "logs" / f"{name}.log"
+    with log.open("ab") as out:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    (VB / "logs" / f"{name}.pid").write_text(str(p.pid))
+    print(f"launched {name} (pid {p.pid}): {' '.join(cmd)}")
+
+
+def status(tail: int) -> None:
+    for log in sorted((VB / "logs").glob("*.log")):
+        pid_file = log.with_suffix(".pid")
+        alive = pid_file.exists() and Path(f"/proc/{pid_file.read_text().strip()}").exists()
+        lines = log.read_text(errors="replace").splitlines()
+        print(f"---- {log.stem} ({'running' if alive else 'ended'}, {len(lines)} lines)")
+        print("\n".join(line[-300:] for line in lines[-tail:]))
+    r = subprocess.run(
+        ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader"], capture_output=True, text=True
+    )
+    print("gpu:", r.stdout.strip() or r.stderr.strip())
+
+
+def fetch(files: list[str]) -> None:
+    out = Path(os.environ.get("OUT", "/tmp/vb/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        for p in sorted(Path("/").glob(f.lstrip("/"))) if any(c in f for c in "*?[") else [Path(f)]:
+            if p.is_file():
+                shutil.copy(p, out / p.name)
+                print(f"fetched {p} ({p.stat().st_size / 2**20:.1f} MiB)")
+            else:
+                print(f"fetch: no file {p}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launch", nargs=argparse.REMAINDER, help="NAME CMD...")
+    ap.add_argument("--fetch", nargs="*", default=[])
+    ap.add_argument("--tail", type=int, default=8)
+    ap.add_argument("--run", help="a shell command to run now, in the prepared environment, before the status")
+    args = ap.parse_args()
+    for d in ("models", "logs", "site", "cache", "runs"):
+        (VB / d).mkdir(parents=True, exist_ok=True)
+    wheels()
+    parts()
+    if args.fetch:
+        fetch(args.fetch)
+    if args.run:
+        subprocess.run(["bash", "-c", args.run], cwd=ROOT, env=env())
+    if args.launch:
+        launch(args.launch[0], args.launch[1:])
+    status(args.tail)
+
+
+if __name__ == "__main__":
+    main()
