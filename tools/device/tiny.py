@@ -13,5 +13,5 @@ from vocabbridge.testing import tiny_model, train_base
 
 out = Path(sys.argv[1])
 train_base(out.parent / "tiny-tokenizer", vocab_size=900)
-tiny_model(out, out.parent / "tiny-tokenizer", seed=0, layers=4, hidden=128, max_positions=2048)
+tiny_model(out, out.parent / "tiny-tokenizer", seed=0, layers=4, hidden=128, max_positions=32768)
 print(f"tiny model in {out}")

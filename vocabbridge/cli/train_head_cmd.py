@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
+from ..errors import ConfigError
 from ..report import Section, fmt_int, fmt_pct, print_sections, to_json
 from ..training.export import export_for_vllm
-from ..training.train import Recipe, train_head
+from ..training.train import Recipe, train_heads
 from .common import OUTPUT_DIR, json_option
 
 _DEFAULTS = Recipe()
@@ -25,13 +26,29 @@ def _layers(value: str | None) -> tuple[int, ...] | None:
         raise click.BadParameter(f"{value!r}: give layer indices separated by commas, e.g. 14,25,28") from None
 
 
+def _archs(value: str) -> tuple[str, ...]:
+    archs = tuple(a.strip() for a in value.split(",") if a.strip())
+    bad = [a for a in archs if a not in ("mtp", "eagle3")]
+    if bad or not archs or len(set(archs)) < len(archs):
+        raise click.BadParameter(f"{value!r}: give mtp, eagle3 or eagle3,mtp.")
+    return archs
+
+
 def _opt(name: str, help: str, **kw):
     return click.option(f"--{name.replace('_', '-')}", name, default=getattr(_DEFAULTS, name), show_default=True, help=help, **kw)
 
 
 @click.command("train-head")
 @click.option("--target", required=True, metavar="MODEL", help="The target: a preset, a model folder, a .gguf file or a hub id.")
-@click.option("-o", "--output", required=True, type=OUTPUT_DIR, help="The head folder to write (heads/NAME).")
+@click.option(
+    "-o",
+    "--output",
+    "outputs",
+    required=True,
+    multiple=True,
+    type=OUTPUT_DIR,
+    help="The head folder to write (heads/NAME); with several --arch, one -o each, in the same order.",
+)
 @click.option("--prompts", type=click.Path(exists=True, dir_okay=False), help="JSONL training prompts (bench format).")
 @_opt("max_prompts", "Use the first N prompts (all by default).", type=click.IntRange(1))
 @_opt(
@@ -53,17 +70,20 @@ def _opt(name: str, help: str, **kw):
     "an MTP head and an EAGLE-3 head can share one (train the EAGLE-3 head first: its data serve both).",
 )
 @_opt("new_tokens", "Greedy tokens generated per prompt.", type=click.IntRange(1))
-@_opt("gen_batch", "Prompts per generation batch (0: 16 on a CPU, 256 on a GPU).", type=click.IntRange(0))
+@_opt("gen_batch", "Prompts per generation batch (0: 16 on a CPU, 1024 on a GPU).", type=click.IntRange(0))
 @_opt("top_k", "Soft labels (target probabilities) kept per position.", type=click.IntRange(1))
 @_opt(
     "draft_vocab", "Draft vocabulary: the N target tokens the data uses most (0: the whole vocabulary).", type=click.IntRange(0)
 )
-@_opt(
-    "arch",
-    "The head: mtp (DeepSeek-V3's MTP module on the target's final hidden state; vLLM serves it in MiMo's MTP "
+@click.option(
+    "--arch",
+    "archs",
+    default="mtp",
+    show_default=True,
+    callback=lambda ctx, param, value: _archs(value),
+    help="The head: mtp (DeepSeek-V3's MTP module on the target's final hidden state; vLLM serves it in MiMo's MTP "
     "layout over the whole vocabulary) or eagle3 (vLLM's EAGLE-3 layer over the streams entering three target "
-    "layers; vLLM serves it as is, drafting over its draft vocabulary).",
-    type=click.Choice(["mtp", "eagle3"]),
+    "layers; vLLM serves it as is, drafting over its draft vocabulary); eagle3,mtp trains both from one generation.",
 )
 @click.option(
     "--aux-layers",
@@ -111,7 +131,7 @@ def _opt(name: str, help: str, **kw):
     "--export-vllm", is_flag=True, help="Also write the head for vLLM (OUTPUT/vllm: EAGLE-3's layout, or MiMo's MTP layout)."
 )
 @json_option("Print the result as JSON.")
-def train_head_cmd(target, output: Path, prompts, data_dir, restart, export_vllm, as_json, **recipe):
+def train_head_cmd(target, outputs, archs, prompts, data_dir, restart, export_vllm, as_json, **recipe):
     """Train a draft head for TARGET on its own greedy outputs (self-distillation).
 
     --arch mtp (default): DeepSeek-V3's MTP module: the target's last hidden state and the next
@@ -130,13 +150,28 @@ def train_head_cmd(target, output: Path, prompts, data_dir, restart, export_vllm
 
     \b
     At scale, on a GPU (the data stay on the machine that trains; two heads from one generation):
-      vocabbridge train-head --target Q.gguf --device cuda --arch eagle3 --magpie 20000 --new-tokens 256 \\
-          --depth 3 --epochs 3 --data heads/q15-data -o heads/q15-eagle3
-      vocabbridge train-head --target Q.gguf --device cuda --magpie 20000 --new-tokens 256 \\
-          --depth 3 --epochs 3 --data heads/q15-data -o heads/q15-mtp
+      vocabbridge train-head --target Q.gguf --device cuda --arch eagle3,mtp --magpie 20000 \\
+          --depth 3 --budget-minutes 14 -o heads/q15-eagle3 -o heads/q15-mtp
     """
-    r = Recipe(prompts=prompts, **recipe)
-    result = train_head(target, output, r, restart=restart, quiet=as_json, data_dir=data_dir)
+    if len(outputs) != len(archs):
+        raise ConfigError(f"--arch {','.join(archs)} trains {len(archs)} heads: give one -o for each ({len(outputs)} given).")
+    r = Recipe(prompts=prompts, arch=archs[0], **recipe)
+    results = train_heads(target, dict(zip(archs, outputs)), r, restart=restart, quiet=as_json, data_dir=data_dir)
+    if as_json and len(archs) > 1:
+        out = {
+            a: {"folder": str(o), "eval": results[a].eval, "timings_s": results[a].timings, "tokens": results[a].tokens}
+            for a, o in zip(archs, outputs)
+        }
+        for a, o in zip(archs, outputs):
+            if export_vllm:
+                out[a]["vllm"] = export_for_vllm(o, num_speculative_tokens=r.eval_k)
+        click.echo(to_json(out))
+        return
+    for arch, output in zip(archs, outputs):
+        _report(results[arch], output, r, export_vllm, as_json)
+
+
+def _report(result, output: Path, r: Recipe, export_vllm: bool, as_json: bool) -> None:
     spec = export_for_vllm(output, num_speculative_tokens=r.eval_k) if export_vllm else None
     if as_json:
         out = {

@@ -41,6 +41,7 @@ from .model import CacheSession, CausalLM
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 PREFILL_CHUNK = 512  # prompt tokens per eager prefill forward
 STATIC_ROWS = 8  # rows of every decode-time forward of a GPU target (k ≤ 7 verifies in one forward)
+MAX_LEN = 16384  # keys of a session's static cache at most (the 1.5B: 460 MB a session, read in ~0.1 ms a step on an H200)
 
 
 def supported(lm: CausalLM) -> str | None:
@@ -82,7 +83,7 @@ class StaticLM(CausalLM):
         out = cls.__new__(cls)
         out.__dict__.update(lm.__dict__)
         out.static_rows = rows
-        out.max_len = max_len or min(lm.max_context, 4096)
+        out.max_len = max_len or min(lm.max_context, MAX_LEN)
         out.max_context = out.max_len - rows  # room for the padding rows at the end
         out.invariant = invariant
         out.rows = rows if invariant else None

@@ -364,12 +364,14 @@ def generate_data(
     deadline: float | None = None,
     settings: dict | None = None,
     aux_layers: tuple[int, ...] = (),
+    keep: list[Sequence] | None = None,
 ) -> list[Path]:
     """Generate every batch of ``plan`` not already on disk under ``folder`` (with a ``deadline``
     on ``time.perf_counter()``, no batch that would end after it starts, two batches at least);
     returns the shard paths. Shards written under other ``settings`` (tokens per prompt, top-k, the
     target's dtype) are not reused: they are generated again; shards holding an EAGLE-3 head's layer
-    streams also serve an MTP head (:func:`serves`)."""
+    streams also serve an MTP head (:func:`serves`). With ``keep``, the sequences are appended to it
+    instead of being written (a GPU keeps its data in memory); the paths are then those it would have had."""
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"shards": {}}
@@ -382,7 +384,7 @@ def generate_data(
     for n, batch in enumerate(plan.batches):
         name = f"shard-{n:05d}.safetensors"
         key = ",".join(pid for pid, _ in batch)
-        if manifest["shards"].get(name) == key and (folder / name).is_file():
+        if keep is None and manifest["shards"].get(name) == key and (folder / name).is_file():
             paths.append(folder / name)
             progress.update(len(batch), batch=f"{n + 1} (on disk)")
             continue
@@ -401,10 +403,13 @@ def generate_data(
         )
         for s, (pid, _) in zip(seqs, batch):
             s.prompt_id = pid
-        save_shard(seqs, folder / name)
-        manifest["shards"][name] = key
-        atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
         paths.append(folder / name)
+        if keep is not None:
+            keep.extend(seqs)
+        else:
+            save_shard(seqs, folder / name)
+            manifest["shards"][name] = key
+            atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
         spent.append(time.perf_counter() - t)
         new = sum(len(s.tokens) - s.gen_start for s in seqs)
         progress.update(len(batch), batch=n + 1, generated=new, s_per_batch=spent[-1])

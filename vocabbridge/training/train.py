@@ -81,7 +81,7 @@ class Recipe:
     magpie: int = 0  # also this many prompts the target writes itself (magpie.py); 0: none
     thinking_share: float = 0.2  # where the template has enable_thinking: the share of prompts answered thinking
     new_tokens: int = 160  # greedy tokens generated per prompt
-    gen_batch: int = 0  # prompts per generation batch; 0: 16 on a CPU, 256 on a GPU
+    gen_batch: int = 0  # prompts per generation batch; 0: 16 on a CPU, 1024 on a GPU (prompts the target writes: 2x)
     top_k: int = 20  # soft labels kept per position
     draft_vocab: int = 32768  # draft vocabulary (0: the whole target vocabulary)
     depth: int = 2  # chained draft steps trained
@@ -129,7 +129,7 @@ class Recipe:
         gpu = device.startswith("cuda")
         return dataclasses.replace(
             self,
-            gen_batch=self.gen_batch or (256 if gpu else 16),
+            gen_batch=self.gen_batch or (1024 if gpu else 16),
             batch_tokens=self.batch_tokens or (16384 if gpu else 512),
             lr=self.lr or (5e-5 if gpu else 3e-5),
         )
@@ -231,15 +231,36 @@ def train_head(
 ) -> TrainResult:
     """Train (or resume training) a head for ``target`` into ``folder``; see the module docstring.
     ``data_dir``: where the generated data (and the prompts the target wrote) live, default
-    ``folder/train/data``; heads of both architectures can share one (EAGLE-3's data serve an MTP head)."""
+    ``folder/train/data``."""
+    return train_heads(target, {recipe.arch: folder}, recipe, restart=restart, say=say, quiet=quiet, data_dir=data_dir)[
+        recipe.arch
+    ]
+
+
+def train_heads(
+    target: str,
+    folders: dict[str, Path],
+    recipe: Recipe,
+    *,
+    restart: bool = False,
+    say=None,
+    quiet: bool = False,
+    data_dir: Path | None = None,
+) -> dict[str, TrainResult]:
+    """Heads of several architectures (``{"eagle3": folder, "mtp": folder}``) from one load of the
+    target and one generation of data (with the layer streams EAGLE-3 reads when one of them is
+    EAGLE-3), trained one after the other, the training time left shared between them."""
     say = say or (lambda msg: print(f"train-head: {msg}", file=sys.stderr, flush=True))
-    folder = Path(folder).expanduser()
-    work = folder / TRAIN_DIR
-    work.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(data_dir).expanduser() if data_dir else work / DATA_DIR
+    folders = {a: Path(f).expanduser() for a, f in folders.items()}
+    for arch in folders:
+        if arch not in ARCHS:
+            raise ConfigError(f"arch must be one of {', '.join(ARCHS)}; got {arch!r}.")
+    first = next(iter(folders.values()))
+    data_dir = Path(data_dir).expanduser() if data_dir else first / TRAIN_DIR / DATA_DIR
     torch.manual_seed(recipe.seed)
     device = resolve_device(recipe.device)
     recipe = recipe.on(device)
+    gpu = device.startswith("cuda")
     dtype = training_dtype(recipe, device)
     autocast = _autocast(device, dtype)
     gen_dtype = data_dtype(recipe, device)
@@ -254,7 +275,7 @@ def train_head(
     lm.model.requires_grad_(False)
     parts = target_parts(lm.model)
     aux_layers: tuple[int, ...] = ()
-    if recipe.arch == "eagle3":
+    if "eagle3" in folders:
         check_host(parts)
         aux_layers = recipe.aux_layers or default_aux_layers(parts.num_layers)
     if gen_dtype == "int8":  # the head starts from the fp32 last layer and lm_head: keep them out of the quantization
@@ -277,7 +298,8 @@ def train_head(
                 lm.view,
                 recipe.magpie,
                 out=data_dir / MAGPIE_FILE,
-                batch=recipe.gen_batch,
+                batch=2 * recipe.gen_batch,
+                max_tokens=128,
                 seed=recipe.seed,
                 progress=lambda n, info: bar.update(n, kept=info["kept"], kind=info["kind"]),
                 deadline=t0 + budget * recipe.data_share * MAGPIE_SHARE if budget else None,
@@ -293,6 +315,7 @@ def train_head(
     plan = DataPlan.make(rendered, batch_size=recipe.gen_batch, seed=recipe.seed)
     roles = lm.view.roles
     stops = {roles[r] for r in ("eos", "end_of_turn") if r in roles}
+    fresh: list[Sequence] = []
     with Progress(len(rendered), "data (prompts)", quiet=quiet) as bar:
         shards = generate_data(
             lm.model,
@@ -307,8 +330,9 @@ def train_head(
             settings={"new_tokens": recipe.new_tokens, "top_k": recipe.top_k, "data_dtype": gen_dtype}
             | ({"aux_layers": list(aux_layers)} if aux_layers else {}),
             aux_layers=aux_layers,
+            keep=fresh if gpu else None,  # a GPU's data stay in its memory (tens of GB of layer streams): no shards
         )
-    seqs = [s for path in shards for s in load_shard(path, device=device if device.startswith("cuda") else "cpu")]
+    seqs = fresh if gpu else [s for path in shards for s in load_shard(path)]
     timings["data"] = time.perf_counter() - t1
     train_seqs, held = split_heldout(seqs, recipe.heldout, recipe.seed)
     tokens = {
@@ -326,11 +350,63 @@ def train_head(
         f"data: {tokens['sequences']} sequences ({len(shards)} of {len(plan.batches)} batches), {tokens['positions']:,} "
         f"positions ({tokens['generated']:,} generated) in {timings['data']:.0f} s; {len(held)} sequences held out"
     )
-
-    # vocabulary and head
     vocab = parts.embed.weight.shape[0]
     full = recipe.draft_vocab <= 0 or recipe.draft_vocab >= vocab
     draft_ids = None if full else draft_vocabulary(train_seqs, size=recipe.draft_vocab, vocab_size=vocab, always=stops)
+    shared = dict(
+        parts=parts, train=train_seqs, held=held, draft_ids=draft_ids, aux_layers=aux_layers, device=device, autocast=autocast
+    )
+    results = {}
+    for i, (arch, folder) in enumerate(folders.items()):
+        left = (t0 + budget - time.perf_counter()) / (len(folders) - i) if budget else None
+        deadline = time.perf_counter() + left - SAVE_RESERVE_S if left is not None else None
+        r = dataclasses.replace(recipe, arch=arch)
+        results[arch] = _train_one(
+            r,
+            folder,
+            restart=restart,
+            say=say,
+            quiet=quiet,
+            deadline=deadline,
+            timings=dict(timings),
+            tokens=tokens,
+            magpie=magpie_stats,
+            target=target,
+            view=lm.view,
+            source=lm.source,
+            t0=t0,
+            **shared,
+        )
+    return results
+
+
+def _train_one(
+    recipe: Recipe,
+    folder: Path,
+    *,
+    parts,
+    train,
+    held,
+    draft_ids,
+    aux_layers,
+    device,
+    autocast,
+    restart,
+    say,
+    quiet,
+    deadline,
+    timings,
+    tokens,
+    magpie,
+    target,
+    view,
+    source,
+    t0,
+) -> TrainResult:
+    """One head on data already generated: its start, the training loop, the final evaluation, the files."""
+    work = folder / TRAIN_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    vocab = parts.embed.weight.shape[0]
     if recipe.arch == "eagle3":
         head = new_eagle3_head(parts, aux_layers=aux_layers, draft_ids=draft_ids).to(device)
     else:
@@ -340,15 +416,14 @@ def train_head(
     fits: dict[str, float] = {}
     if recipe.init == "least-squares" and not _Training.has_checkpoint(work, restart):
         t_fit = time.perf_counter()
-        fits = least_squares_start(head, train_seqs, t2d, say=say)
+        fits = least_squares_start(head, train, t2d, say=say)
         timings["fit"] = time.perf_counter() - t_fit
 
     # train
     t2 = time.perf_counter()
-    deadline = t0 + budget - SAVE_RESERVE_S if budget else None
-    run = _Training(head, train_seqs, held, t2d, recipe, work, device=device, autocast=autocast, say=say)
+    run = _Training(head, train, held, t2d, recipe, work, device=device, autocast=autocast, say=say)
     run.resume(restart)
-    with Progress(run.planned, "train (steps)", quiet=quiet) as bar:
+    with Progress(run.planned, f"train {recipe.arch} (steps)", quiet=quiet) as bar:
         run.loop(bar, deadline)
     timings["train"] = time.perf_counter() - t2
     head.eval()
@@ -356,6 +431,7 @@ def train_head(
     # eval and save
     t3 = time.perf_counter()
     ev = run.final_eval()
+    by_kind = run.eval_by_kind()
     timings["eval"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     training = {
@@ -367,20 +443,25 @@ def train_head(
         "tokens": tokens,
         "least_squares_r2": fits,
         "heldout_eval": ev,
-        "heldout_eval_by_kind": run.eval_by_kind(),
-        "magpie": magpie_stats,
+        "heldout_eval_by_kind": by_kind,
+        "magpie": magpie,
         "device": device,
         "torch": torch.__version__,
     }
     save_head(
         head,
         folder,
-        target=target_record(parts, source=target, tokenizer_fingerprint=lm.view.fingerprint, resolved=lm.source),
+        target=target_record(parts, source=target, tokenizer_fingerprint=view.fingerprint, resolved=source),
         training=training,
     )
-    atomic_write_text(work / "eval.json", json.dumps(ev, indent=2) + "\n")
+    atomic_write_text(work / "eval.json", json.dumps(ev | {"by_kind": by_kind}, indent=2) + "\n")
     atomic_write_text(work / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in run.history))
     plot_curves(run.history, work, name=HEAD_NAMES[recipe.arch])
+    say(
+        f"{HEAD_NAMES[recipe.arch]}: held-out acceptance per position "
+        + ", ".join(f"{a:.3f}" for a in ev["acceptance_per_position"])
+        + f"; mean length {ev['mean_acceptance_length']:.2f}; written to {folder}"
+    )
     return TrainResult(folder, head, ev, timings, tokens, run.history)
 
 
