@@ -2,21 +2,28 @@
 
 A preset resolves to a local GGUF file when ``VOCABBRIDGE_MODELS`` points at a folder holding it
 (``../shared/tools/fetch-models.sh`` assembles them), else to its hub id. Plain paths and hub ids
-are accepted everywhere a preset is.
+(``org/name``) are accepted everywhere a preset is; any other name is refused at once, with the
+presets it may have meant (a typo never reaches the hub).
 
 >>> resolve_model("qwen2.5-coder-0.5b", models_dir=None)
 'Qwen/Qwen2.5-Coder-0.5B-Instruct'
+>>> resolve_model("qwen2.5-coder-05b")
+Traceback (most recent call last):
+...
+vocabbridge.errors.ConfigError: unknown model 'qwen2.5-coder-05b': ... Did you mean qwen2.5-coder-0.5b or qwen2.5-coder-1.5b? ...
 >>> PRESETS["exaone-1.2b"].pairs_with
 'exaone-4.5-33b'
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .util import looks_like_hub_id
 
 
 @dataclass(frozen=True)
@@ -101,14 +108,31 @@ def models_dir() -> Path | None:
 
 
 def resolve_model(name: str, *, models_dir: Path | None | str = "env") -> str:
-    """A preset name → a local GGUF path (when present) or its hub id; anything else unchanged."""
+    """A preset name → a local GGUF path (when present) or its hub id; a path or a hub id unchanged;
+    any other name → a ConfigError naming the presets it may have meant."""
     p = PRESETS.get(name)
     if p is None:
+        check_model_name(name)
         return name
     folder = globals()["models_dir"]() if models_dir == "env" else (Path(models_dir) if models_dir else None)
     if p.gguf_file and folder is not None and (folder / p.gguf_file).is_file():
         return str(folder / p.gguf_file)
     return p.hub_id
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name that is neither a preset, an existing file or folder, nor a hub id (``org/name``):
+    a typo of a preset would otherwise go to the hub (and retry there for half a minute)."""
+    if name in PRESETS or Path(name).expanduser().exists() or looks_like_hub_id(name):
+        return
+    if "/" in name or name.startswith((".", "~")) or name.endswith(".gguf"):
+        raise ConfigError(f"{name}: no such file or folder; give a model folder, a .gguf file, a preset or a hub id (org/name).")
+    close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.6)
+    guess = f" Did you mean {' or '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"unknown model {name!r}: not a preset, a file or folder here, nor a hub id (org/name).{guess} "
+        f"Presets: {', '.join(PRESETS)} (vocabbridge presets lists them)."
+    )
 
 
 def vocab_family(name: str) -> str | None:

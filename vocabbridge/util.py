@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -71,3 +72,17 @@ def read_text_file(path: str | Path) -> str:
         raise InputFileError(f"{p} is a folder; give a text file.") from e
     except UnicodeDecodeError as e:
         raise InputFileError(f"{p}: not UTF-8 text (byte {e.start}); pass UTF-8 files to --text.") from e
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def looks_like_hub_id(source: str) -> bool:
+    """``org/name`` as the Hugging Face hub spells a repository (not a file name).
+
+    >>> looks_like_hub_id("Qwen/Qwen2.5-Coder-1.5B-Instruct"), looks_like_hub_id("qwen2.5-coder-05b")
+    (True, False)
+    >>> looks_like_hub_id("models/q.gguf"), looks_like_hub_id("./x/y")
+    (False, False)
+    """
+    return bool(_HUB_ID.match(source)) and not source.endswith((".json", ".gguf", ".tiktoken", ".model", ".txt"))

@@ -33,6 +33,7 @@ with warnings.catch_warnings():  # torch.utils.mkldnn's ScriptModules warn that 
     warnings.simplefilter("ignore", DeprecationWarning)
     from torch.utils.mkldnn import MkldnnLinear
 from ..tokenizer import TokenizerView, load_tokenizer
+from ..tokenizer.loaders.hub import hub_model_kwargs
 from ..util import common_prefix_len
 from .convert import converted_folder
 from .invariant import make_invariant, row_plan
@@ -105,7 +106,7 @@ def _load_weights(source: str, dtype: torch.dtype, device: str, *, cache_convert
         return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if path.exists():
         raise ModelLoadError(f"{source}: not a model folder or a .gguf file.")
-    return AutoModelForCausalLM.from_pretrained(source, **kwargs)  # hub id
+    return AutoModelForCausalLM.from_pretrained(source, **kwargs, **hub_model_kwargs(source))  # hub id: cached only, offline
 
 
 class PackedLinear(torch.nn.Module):

@@ -9,10 +9,10 @@ TokenizerView('../shared/tokenizers/qwen3', BPE/byte_level, 151669 ids, 26 added
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ...errors import TokenizerSourceError
+from ...util import looks_like_hub_id
 from ..view import TokenizerView
 from .gguf import load_gguf
 from .hf import load_folder, load_tokenizer_json
@@ -20,12 +20,6 @@ from .hub import load_hub
 from .tiktoken import PATTERNS, load_tiktoken, looks_like_tiktoken
 
 __all__ = ["load_tokenizer", "PATTERNS", "looks_like_hub_id"]
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
-
-def looks_like_hub_id(source: str) -> bool:
-    return bool(_HUB_ID.match(source)) and not source.endswith((".json", ".gguf", ".tiktoken", ".model", ".txt"))
 
 
 def load_tokenizer(source: str | Path, *, pattern: str | None = None, revision: str | None = None) -> TokenizerView:

@@ -1,0 +1,88 @@
+"""Model names as a new user types them: a preset's typo is refused at once with the presets it may
+have meant (never sent to the hub), a hub that cannot be reached costs no retries, and a
+VOCABBRIDGE_MODELS that names no folder is said, not passed over in silence."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from click.testing import CliRunner
+
+import vocabbridge.engine.factory  # noqa: F401 - torch imported before the timings below
+from vocabbridge.cli import main
+from vocabbridge.errors import ConfigError
+from vocabbridge.presets import PRESETS, resolve_model
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def hub_down(monkeypatch):
+    """Online mode, with the hub at a loopback port nobody listens on (the test never leaves the machine)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+
+
+def run(*args: str):
+    t0 = time.monotonic()
+    r = CliRunner().invoke(main, list(args))
+    return r, time.monotonic() - t0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("generate", "--target", "qwen2.5-coder-05b", "--drafter", "ngram", "-p", "hi"),
+        ("generate", "--target", "qwen2.5-coder-1.5b", "--drafter", "qwen2.5-coder-05b", "-p", "hi"),
+        ("eval-drafter", "--target", "qwen2.5-coder-1.5b", "--drafter", "qwen2.5-coder-05b"),
+        ("serve", "--backend", "vllm", "--dry-run", "--target", "qwen2.5-coder-05b", "--drafter", "ngram"),
+        ("serve", "--backend", "embedded", "--dry-run", "--target", "qwen2.5-coder-05b", "--drafter", "ngram"),
+        ("bench", "--target", "qwen2.5-coder-05b", "--drafters", "none,ngram", "--backend", "embedded"),
+    ],
+    ids=["generate-target", "generate-drafter", "eval-drafter", "serve-vllm", "serve-embedded", "bench"],
+)
+def test_a_presets_typo_is_refused_at_once_with_what_it_may_mean(hub_down, args):
+    r, seconds = run(*args)
+    assert r.exit_code == 1, r.output
+    assert "unknown model 'qwen2.5-coder-05b'" in r.output and "Did you mean qwen2.5-coder-0.5b" in r.output
+    assert "Presets: " in r.output and "smollm2-135m" in r.output
+    assert "Retry" not in r.output and "tokenizer" not in r.output.lower()
+    assert seconds < 15, seconds  # it took 33 s
+
+
+def test_names_that_are_paths_or_hub_ids_pass_through(tmp_path):
+    assert resolve_model("Qwen/Qwen2.5-Coder-1.5B-Instruct") == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+    assert resolve_model("qwen2.5-coder-1.5b", models_dir=None) == PRESETS["qwen2.5-coder-1.5b"].hub_id
+    with pytest.raises(ConfigError, match="no such file or folder"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ConfigError, match="Presets: .*exaone-1.2b") as e:
+        resolve_model("llama-7b")
+    assert "Did you mean" not in str(e.value)  # nothing close: no guess
+
+
+@pytest.mark.parametrize("which", ["--target", "--drafter"])
+def test_a_hub_id_the_hub_cannot_serve_fails_at_once_without_retries(hub_down, tiny, which):
+    """huggingface_hub retries a failed connection 5 times (~30 s) per file: one probe instead, then the cache."""
+    pair = ["--target", "no-such-org/no-such-model", "--drafter", "ngram"]
+    if which == "--drafter":
+        pair = ["--target", tiny["target"].source, "--drafter", "no-such-org/no-such-model"]
+    r, seconds = run("generate", *pair, "-p", "hi")
+    assert r.exit_code == 1
+    assert "no-such-org/no-such-model: the hub (127.0.0.1:" in r.output and "cannot be reached" in r.output
+    assert "hf download no-such-org/no-such-model" in r.output and "Retry" not in r.output
+    assert seconds < 15, seconds  # it took 33 s
+
+
+def test_hf_hub_offline_is_said_and_costs_no_connection(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r, seconds = run("generate", "--target", "no-such-org/no-such-model", "--drafter", "ngram", "-p", "hi")
+    assert r.exit_code == 1 and "HF_HUB_OFFLINE is set" in r.output and "Retry" not in r.output
+    assert seconds < 15, seconds  # it took 33 s
