@@ -4,6 +4,7 @@ VOCABBRIDGE_MODELS that names no folder is said, not passed over in silence."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -86,3 +87,26 @@ def test_hf_hub_offline_is_said_and_costs_no_connection(monkeypatch):
     r, seconds = run("generate", "--target", "no-such-org/no-such-model", "--drafter", "ngram", "-p", "hi")
     assert r.exit_code == 1 and "HF_HUB_OFFLINE is set" in r.output and "Retry" not in r.output
     assert seconds < 15, seconds  # it took 33 s
+
+
+def test_a_models_folder_that_does_not_exist_is_said(tmp_path, monkeypatch):
+    """VOCABBRIDGE_MODELS naming no folder sent presets to the hub in silence: said on stderr (naming
+    the variable and the folder), in `vocabbridge presets` and in `vocabbridge doctor`."""
+    import vocabbridge.presets as presets
+
+    missing = tmp_path / "modls"
+    monkeypatch.setenv("VOCABBRIDGE_MODELS", str(missing))
+    monkeypatch.setattr(presets, "_said", set())
+    r = CliRunner().invoke(main, ["serve", "--backend", "embedded", "--dry-run", "--target", "qwen2.5-coder-1.5b"])
+    said = f"VOCABBRIDGE_MODELS={missing} does not exist"
+    assert r.exit_code == 0, r.output
+    assert said in r.stderr and r.stderr.count(said) == 1  # once, however often presets resolve
+    assert "Qwen/Qwen2.5-Coder-1.5B-Instruct" in r.stdout  # still runs, from the hub, as it said
+    monkeypatch.setenv("COLUMNS", "400")  # rich's width: the note on one line
+    listing = CliRunner().invoke(main, ["presets"])
+    assert said in " ".join(listing.stdout.split())
+    doctor = CliRunner().invoke(main, ["doctor", "--no-launch", "--json"])
+    models = next(c for c in json.loads(doctor.stdout) if c["name"] == "models")
+    assert models["status"] == "warn" and said in models["detail"]
+    monkeypatch.setenv("VOCABBRIDGE_MODELS", str(tmp_path))  # a folder, even an empty one, is fine
+    assert presets.models_dir_problem() is None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .mapping.cache import cache_root
-from .presets import PRESETS, models_dir, resolve_model
+from .presets import PRESETS, models_dir, models_dir_problem, resolve_model
 from .report import Section
 from .vllm.install import cpu_flags, inspect_vllm, try_launch
 
@@ -167,6 +167,8 @@ def run_checks(*, launch_vllm: bool = True) -> tuple[list[Check], object]:
                 "../shared/tools/fetch-models.sh DEST; export VOCABBRIDGE_MODELS=DEST",
             )
         )
+    elif problem := models_dir_problem():
+        checks.append(Check("models", "warn", problem, "../shared/tools/fetch-models.sh DEST; export VOCABBRIDGE_MODELS=DEST"))
     else:
         checks.append(
             Check(

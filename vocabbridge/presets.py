@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,16 +108,41 @@ def models_dir() -> Path | None:
     return Path(d).expanduser() if d else None
 
 
+def models_dir_problem() -> str | None:
+    """Why ``VOCABBRIDGE_MODELS`` cannot be used (it names no folder), or None (unset, or a folder)."""
+    folder = models_dir()
+    if folder is None or folder.is_dir():
+        return None
+    what = "is a file, not a folder" if folder.exists() else "does not exist"
+    return (
+        f"VOCABBRIDGE_MODELS={folder} {what}, so presets resolve to their hub ids, not to local GGUF files; "
+        "point it at the folder of GGUF files (../shared/tools/fetch-models.sh DEST) or unset it"
+    )
+
+
+_said: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        print(f"vocabbridge: warning: {message}", file=sys.stderr, flush=True)
+
+
 def resolve_model(name: str, *, models_dir: Path | None | str = "env") -> str:
     """A preset name → a local GGUF path (when present) or its hub id; a path or a hub id unchanged;
-    any other name → a ConfigError naming the presets it may have meant."""
+    any other name → a ConfigError naming the presets it may have meant. A ``VOCABBRIDGE_MODELS``
+    that names no folder is said on stderr (once), not passed over in silence."""
     p = PRESETS.get(name)
     if p is None:
         check_model_name(name)
         return name
-    folder = globals()["models_dir"]() if models_dir == "env" else (Path(models_dir) if models_dir else None)
+    from_env = models_dir == "env"
+    folder = globals()["models_dir"]() if from_env else (Path(models_dir) if models_dir else None)
     if p.gguf_file and folder is not None and (folder / p.gguf_file).is_file():
         return str(folder / p.gguf_file)
+    if p.gguf_file and from_env and (problem := models_dir_problem()):
+        _warn_once(problem)
     return p.hub_id
 
 

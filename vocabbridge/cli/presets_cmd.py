@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..presets import describe_presets, models_dir
+from ..presets import describe_presets, models_dir, models_dir_problem
 from ..report import Section, print_sections, to_json
 from .common import json_option
 
@@ -36,9 +36,12 @@ def presets_cmd(as_json):
     ]
     folder = models_dir()
     notes = [
-        f"(local): a GGUF file in VOCABBRIDGE_MODELS={folder}"
-        if folder
-        else "VOCABBRIDGE_MODELS is not set: presets resolve to hub ids (set it to a folder of GGUF files to use them)"
+        models_dir_problem()
+        or (
+            f"(local): a GGUF file in VOCABBRIDGE_MODELS={folder}"
+            if folder
+            else "VOCABBRIDGE_MODELS is not set: presets resolve to hub ids (set it to a folder of GGUF files to use them)"
+        )
     ]
     notes += [f"{r['name']}: {r['notes']}" for r in rows if r["notes"]]
     print_sections([Section("Presets", ["name", "role", "pairs with", "vocabulary", "MTP", "resolves to"], table, notes)])
