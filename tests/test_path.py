@@ -55,7 +55,7 @@ def test_the_built_engine_says_which_path_runs_and_why(tiny):
     from vocabbridge.engine.factory import build_engine
 
     t = tiny["target"]
-    built = build_engine(EngineSpec(target=t.source, drafter="ngram"))  # a folder, not a GGUF: the int8 target
+    built = build_engine(EngineSpec(target=t.source, drafter="ngram", device="cpu"))  # a folder, not a GGUF: the int8 target
     d = built.describe()
     assert d["kernels"] == "torch" and d["path"] == "torch int8 (batch-invariant)" and "not a GGUF" in d["path_why"]
     assert built.target.rows and d["draft_length"].startswith("fixed k=4")

@@ -36,8 +36,8 @@ ENV = {
 }
 
 
-def env() -> dict[str, str]:
-    path = os.pathsep.join([str(VB / "site"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+def env(code: Path = ROOT) -> dict[str, str]:
+    path = os.pathsep.join([str(VB / "site"), str(code), os.environ.get("PYTHONPATH", "")])
     return os.environ | ENV | {"PYTHONPATH": path}
 
 
@@ -87,9 +87,14 @@ def parts() -> None:
 
 
 def launch(name: str, cmd: list[str]) -> None:
+    """CMD in its own session, from a frozen copy of the repo: the next calls re-send the working
+    tree, and a job importing a module while that happens would find it missing."""
+    code = VB / "code" / name
+    shutil.rmtree(code, ignore_errors=True)
+    shutil.copytree(ROOT, code, ignore=shutil.ignore_patterns(".git", ".device", ".whl", "__pycache__", "*.so"))
     log = VB / "logs" / f"{name}.log"
     with log.open("ab") as out:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(cmd, cwd=code, env=env(code), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     (VB / "logs" / f"{name}.pid").write_text(str(p.pid))
     print(f"launched {name} (pid {p.pid}): {' '.join(cmd)}")
 

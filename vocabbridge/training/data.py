@@ -442,10 +442,11 @@ def draft_vocabulary(seqs: list[Sequence], *, size: int, vocab_size: int, always
     """
     if size <= 0 or size >= vocab_size:
         return torch.arange(vocab_size)
-    score = torch.zeros(vocab_size, dtype=torch.float64)
+    dev = seqs[0].tokens.device if seqs else "cpu"  # counted where the data lie (a GPU's stay there)
+    score = torch.zeros(vocab_size, dtype=torch.float64, device=dev)
     for s in seqs:
-        score.index_add_(0, s.tokens.clamp(max=vocab_size - 1), torch.ones(len(s.tokens), dtype=torch.float64))
+        score.index_add_(0, s.tokens.clamp(max=vocab_size - 1), torch.ones(len(s.tokens), dtype=torch.float64, device=dev))
         score.index_add_(0, s.topk_ids.long().flatten().clamp(max=vocab_size - 1), s.topk_p.double().flatten())
     score[list(always)] = float("inf")
-    score += torch.linspace(1e-9, 0, vocab_size, dtype=torch.float64)  # ties and unseen ids: lower id first
-    return score.topk(size).indices.sort().values
+    score += torch.linspace(1e-9, 0, vocab_size, dtype=torch.float64, device=dev)  # ties and unseen ids: lower id first
+    return score.topk(size).indices.sort().values.cpu()
