@@ -118,3 +118,20 @@ def test_the_graphs_replay_what_the_eager_path_computes(models):
     b.extend(ids)
     for toks in ([5], [6, 7, 8], [9]):
         assert torch.equal(a.extend(toks, keep=len(toks)), b.extend(toks, keep=len(toks)))
+
+
+def test_attending_over_more_cache_keys_changes_no_row(models):
+    """Forwards attend over the first 1024, 2048 … keys (as few as their rows need); a row's result
+    must not depend on it, or a verification crossing a boundary would differ from plain decoding.
+    Here with boundaries every 16 keys, and prompts that put rows on both sides of them."""
+    st = StaticLM.wrap(models["hf"], rows=8, invariant=True, least_keys=16)
+    for cut in (10, 13, 29, 62):
+        prompt = list(range(5, 5 + cut))
+        step = [11, 12, 13, 14, 15, 16, 17]
+        one = st.session()
+        one.extend(prompt)
+        alone = torch.cat([one.extend([t]) for t in step])
+        for n in (3, 7):
+            s = st.session()
+            s.extend(prompt)
+            assert torch.equal(s.extend(step[:n], keep=n), alone[:n]), (cut, n)

@@ -41,7 +41,8 @@ from .model import CacheSession, CausalLM
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 PREFILL_CHUNK = 512  # prompt tokens per eager prefill forward
 STATIC_ROWS = 8  # rows of every decode-time forward of a GPU target (k ≤ 7 verifies in one forward)
-MAX_LEN = 16384  # keys of a session's static cache at most (the 1.5B: 460 MB a session, read in ~0.1 ms a step on an H200)
+MAX_LEN = 16384  # keys of a session's static cache at most (the 1.5B: 460 MB a session)
+LEAST_KEYS = 1024  # a forward attends over the first 1024, 2048, … keys of the cache, as few as its rows need
 
 
 def supported(lm: CausalLM) -> str | None:
@@ -75,16 +76,27 @@ class StaticLM(CausalLM):
 
     static_rows: int
     max_len: int
+    least_keys: int
     invariant: bool
     graphs: bool
 
     @classmethod
-    def wrap(cls, lm: CausalLM, *, rows: int, invariant: bool, max_len: int | None = None, graphs: bool | None = None):
+    def wrap(
+        cls,
+        lm: CausalLM,
+        *,
+        rows: int,
+        invariant: bool,
+        max_len: int | None = None,
+        graphs: bool | None = None,
+        least_keys: int = LEAST_KEYS,
+    ):
         out = cls.__new__(cls)
         out.__dict__.update(lm.__dict__)
         out.static_rows = rows
         out.max_len = max_len or min(lm.max_context, MAX_LEN)
         out.max_context = out.max_len - rows  # room for the padding rows at the end
+        out.least_keys = least_keys
         out.invariant = invariant
         out.rows = rows if invariant else None
         out.min_rows = rows if invariant else None
@@ -92,6 +104,10 @@ class StaticLM(CausalLM):
         out._pool = []
         out._layers = _Layers(lm)
         return out
+
+    def keys(self, end: int) -> int:
+        """The cache keys a forward whose last row sits at ``end − 1`` attends over (:func:`keys_for`)."""
+        return keys_for(end, least=self.least_keys, most=self.max_len)
 
     def session(self) -> StaticSession:
         slot = self._pool.pop() if self._pool else self._new_slot()
@@ -131,10 +147,25 @@ class _Layers:
         self.qk_norm = hasattr(attn, "q_norm")
 
 
-def _forward(L: _Layers, slot: Slot, ids: torch.Tensor, pos: torch.Tensor, *, keep: int, aux: tuple[int, ...], final: bool):
-    """One forward over ``ids`` [T] at positions ``pos`` [T] (writing their K/V into ``slot``): the
-    logits of the last ``keep`` rows [keep, V] (float32), and the features asked for."""
-    T, S = ids.shape[0], slot.k[0].shape[1]
+def keys_for(end: int, *, least: int, most: int) -> int:
+    """The cache keys a forward ending at position ``end`` attends over: a power of two, at least
+    ``least``, at most ``most`` (the slot's length). A row's result does not depend on how many
+    masked keys follow its own (measured on an H200 for SDPA's kernels: bit for bit from 1,024 to
+    16,384 keys), and attending over 1,024 keys instead of 16,384 saves 8.6 ms a step on the 1.5B.
+
+    >>> keys_for(10, least=1024, most=16384), keys_for(1500, least=1024, most=16384), keys_for(9000, least=1024, most=4096)
+    (1024, 2048, 4096)
+    """
+    return min(most, max(least, 1 << max(0, end - 1).bit_length()))
+
+
+def _forward(
+    L: _Layers, slot: Slot, ids: torch.Tensor, pos: torch.Tensor, *, keep: int, aux: tuple[int, ...], final: bool, S: int
+):
+    """One forward over ``ids`` [T] at positions ``pos`` [T] (writing their K/V into ``slot``) with
+    attention over the cache's first ``S`` keys: the logits of the last ``keep`` rows [keep, V]
+    (float32), and the features asked for."""
+    T = ids.shape[0]
     x = L.embed(ids)[None]  # [1, T, d]
     cos, sin = L.rotary(x, pos[None])
     mask = torch.arange(S, device=ids.device)[None, :] <= pos[:, None]  # [T, S]: the keys each row sees
@@ -153,7 +184,12 @@ def _forward(L: _Layers, slot: Slot, ids: torch.Tensor, pos: torch.Tensor, *, ke
         slot.k[i].index_copy_(1, pos, k[0])
         slot.v[i].index_copy_(1, pos, v[0])
         o = F.scaled_dot_product_attention(
-            q, slot.k[i][None], slot.v[i][None], attn_mask=mask[None, None], scale=L.scaling, enable_gqa=L.kv_heads != L.heads
+            q,
+            slot.k[i][None, :, :S],
+            slot.v[i][None, :, :S],
+            attn_mask=mask[None, None],
+            scale=L.scaling,
+            enable_gqa=L.kv_heads != L.heads,
         )
         x = x + a.o_proj(o.transpose(1, 2).reshape(1, T, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -211,7 +247,8 @@ class StaticSession(CacheSession):
             want = max(0, i + len(piece) - (len(tokens) - keep))  # this piece's rows among the last `keep`
             ids = torch.tensor(piece, device=dev)
             pos = torch.arange(start + i, start + i + len(piece), device=dev)
-            lg, ft = _forward(L, self.slot, ids, pos, keep=max(want, 1), aux=aux, final=final)
+            S = self.lm.keys(start + i + len(piece))
+            lg, ft = _forward(L, self.slot, ids, pos, keep=max(want, 1), aux=aux, final=final, S=S)
             if want:
                 logits.append(lg[-want:])
             if ft is not None:
@@ -224,21 +261,22 @@ class StaticSession(CacheSession):
         rows = lm.static_rows if lm.invariant else n
         padded = tokens + tokens[-1:] * (rows - n)
         p0 = len(self.ids)
+        S = lm.keys(p0 + rows)
         if lm.graphs:
-            logits, feats = self._replay(padded, p0, rows, aux, final)
+            logits, feats = self._replay(padded, p0, rows, aux, final, S)
         else:
             dev = lm._layers.device
             pos = torch.arange(p0, p0 + rows, device=dev)
             logits, feats = _forward(
-                lm._layers, self.slot, torch.tensor(padded, device=dev), pos, keep=rows, aux=aux, final=final
+                lm._layers, self.slot, torch.tensor(padded, device=dev), pos, keep=rows, aux=aux, final=final, S=S
             )
         return logits[n - keep : n].clone(), (feats[:n].clone() if feats is not None else None)
 
-    def _replay(self, padded, p0, rows, aux, final):
-        key = (rows, aux, final)
+    def _replay(self, padded, p0, rows, aux, final, S):
+        key = (rows, aux, final, S)
         g = self.slot.graphs.get(key)
         if g is None:
-            g = self.slot.graphs[key] = _Graph(self.lm._layers, self.slot, rows, aux, final)
+            g = self.slot.graphs[key] = _Graph(self.lm._layers, self.slot, rows, aux, final, S)
         return g(padded, p0)
 
     def truncate(self, n: int) -> None:
@@ -250,12 +288,12 @@ class StaticSession(CacheSession):
 class _Graph:
     """One decode step of ``rows`` rows on one slot, captured as a CUDA graph with static inputs."""
 
-    def __init__(self, L: _Layers, slot: Slot, rows: int, aux: tuple[int, ...], final: bool):
+    def __init__(self, L: _Layers, slot: Slot, rows: int, aux: tuple[int, ...], final: bool, S: int):
         dev = L.device
         self.ids = torch.zeros(rows, dtype=torch.long, device=dev)
-        S = slot.k[0].shape[1]
-        self.pos = torch.arange(S - rows, S, device=dev)  # warm-up and capture write past any session's tokens
-        run = lambda: _forward(L, slot, self.ids, self.pos, keep=rows, aux=aux, final=final)  # noqa: E731
+        end = slot.k[0].shape[1]
+        self.pos = torch.arange(end - rows, end, device=dev)  # warm-up and capture write past any session's tokens
+        run = lambda: _forward(L, slot, self.ids, self.pos, keep=rows, aux=aux, final=final, S=S)  # noqa: E731
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):  # warm-up outside the graph (allocations, library handles)
