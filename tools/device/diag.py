@@ -13,7 +13,7 @@ import time
 import torch
 
 from vocabbridge.chat import chat_prompt_ids
-from vocabbridge.engine import SamplingParams, SpecEngine, load_causal_lm
+from vocabbridge.engine import SamplingParams, load_causal_lm
 from vocabbridge.engine.factory import build_engine
 from vocabbridge.engine.static import StaticLM
 from vocabbridge.presets import resolve_model
@@ -40,7 +40,7 @@ for max_len in (1024, 16384):
     s.extend(ids)
     n = len(s.ids)
 
-    def step():
+    def step(s=s, n=n):
         s.extend([11])
         s.truncate(n)
 
@@ -49,7 +49,7 @@ for max_len in (1024, 16384):
     e = eager.session()
     e.extend(ids)
 
-    def estep():
+    def estep(e=e, n=n):
         e.extend([11])
         e.truncate(n)
 

@@ -21,7 +21,7 @@ for name, backends in [("default", None), ("efficient", [SDPBackend.EFFICIENT_AT
         k, v = K[:, :, :S].repeat_interleave(H // KV, 1), V[:, :, :S].repeat_interleave(H // KV, 1)
         ctx = sdpa_kernel(backends) if backends else torch.autocast("cuda", enabled=False)
         with ctx:
-            f = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
+            f = lambda k=k, v=v, mask=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
             out = f()
             torch.cuda.synchronize()
             t = time.perf_counter()
