@@ -32,7 +32,8 @@ def test_languages_and_kinds_are_told_apart():
 
 def test_the_keeper_drops_cut_short_wrong_language_repeats_and_bench_overlaps():
     bench = load_prompts()
-    k = Keeper(Filter(), bench)
+    k = Keeper(Filter(), bench, specials=("<|im_start|>",))
+    assert not k.keep("Implement a 2D vector in C++ with an array.\n<|im_start|><|im_start|>", "code", finished=True)
     assert not k.keep("How do I cook rice in a pot without it sticking", "en", finished=False)
     assert not k.keep("short", "en", finished=True)
     assert not k.keep("한국어로 된 질문입니다. 이것은 영어가 아닙니다.", "en", finished=True)
@@ -46,6 +47,7 @@ def test_the_keeper_drops_cut_short_wrong_language_repeats_and_bench_overlaps():
         "language or kind": 1,
         "duplicate": 1,
         "overlaps the bench suite": 1,
+        "holds special tokens": 1,
     }
 
 

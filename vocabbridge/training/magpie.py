@@ -3,7 +3,8 @@ of a user turn, and the model continues it as a user would, until its end-of-tur
 
 Three kinds, steered by a system prompt and a few words that open the user's message: Korean
 chat, English chat and code. Each candidate is kept only if it ended by itself (not cut at the
-token limit), is of a useful length, is in its kind's language, is new (no repeat after
+token limit), is of a useful length, holds no chat marker (the first 1.5B run on an H200 kept 1,000
+of 9,047 that went on with ``<|im_start|>`` turns of their own), is in its kind's language, is new (no repeat after
 normalisation, nor of another's opening), and shares no run of eight words with the bench suite
 (so no benchmark prompt is trained on). A share of the kept prompts carry a system prompt, as
 chats do.
@@ -98,8 +99,9 @@ def _shingles(text: str, n: int) -> set[str]:
 class Keeper:
     """Decides which candidates are kept: filters, de-duplication, disjointness from the bench suite."""
 
-    def __init__(self, flt: Filter, bench: list[Prompt], kept: list[Prompt] = ()):
+    def __init__(self, flt: Filter, bench: list[Prompt], kept: list[Prompt] = (), specials: tuple[str, ...] = ()):
         self.flt = flt
+        self.specials = tuple(s for s in specials if s)  # chat markers a user's text never holds
         self.bench = set().union(*(_shingles(m["content"], flt.shingle) for p in bench for m in p.messages)) if bench else set()
         self.seen: set[str] = set()
         self.openings: set[str] = set()
@@ -122,6 +124,8 @@ class Keeper:
             return self._reject("cut at the token limit")
         if not self.flt.min_chars <= len(text) <= self.flt.max_chars:
             return self._reject("length")
+        if any(s in text for s in self.specials):
+            return self._reject("holds special tokens")
         if not fits_kind(text, kind):
             return self._reject("language or kind")
         norm = _norm(text)
@@ -176,7 +180,7 @@ def synthesize_prompts(
     Korean). Returns the prompts and statistics."""
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = read_kept(out)
-    keeper = Keeper(flt, load_prompts(), kept)
+    keeper = Keeper(flt, load_prompts(), kept, specials=tuple(a.content for a in view.added if a.special))
     roles = view.roles
     stops = sorted({roles[r] for r in ("eos", "end_of_turn") if r in roles})
     pad = roles.get("pad", stops[0] if stops else 0)
