@@ -19,12 +19,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VOCABBRIDGE_CACHE", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "vocabbridge"))
 
 FIRST = ("test_vllm_real.py",)  # the longest file (a vLLM start per test): started first, so it is not the tail
+# real checkpoints, vLLM starts, llama.cpp builds: `python -m pytest -q -m "not slow"` leaves them out
+SLOW_FILES = {"test_vllm_real.py", "test_real_models.py", "test_llama_cpp.py", "test_heads_real.py"}
 
 
 def pytest_collection_modifyitems(config, items):
     """The real-vLLM tests first: under ``-n 2 --dist loadfile`` one worker takes them at once while
-    the other runs everything else."""
+    the other runs everything else. Tests on real checkpoints (their files, or the ``smol``
+    fixture) are marked slow."""
     items.sort(key=lambda item: item.path.name not in FIRST)  # stable: the rest keep their order
+    for item in items:
+        if item.path.name in SLOW_FILES or "smol" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 SHARED = Path(os.environ.get("VOCABBRIDGE_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
