@@ -10,7 +10,9 @@ not batch-invariant), our batch-invariant int8 (engine/invariant.py; its forward
 INVARIANT_ROWS rows, so the cost below is for the rows as given and the engine pays the padded
 count), llama.cpp as it ships (weight repacking on) and llama.cpp as the engine's target runs it
 (repacking off, flash attention on a bf16 KV cache; a plain step is one row where the load probe
-finds that a lone row computes as a batch row, else padded to two). Each cell: the median of --repeats forwards over a
+finds that a lone row computes as a batch row, else padded to two), and q4, our own 4-bit kernel
+(engine/q4.py, csrc/q4/q4.c: the GGUF's Q4_K tensors as they are, each weight block decoded once for
+all rows; the rest of the forward as the int8 invariant target's). Each cell: the median of --repeats forwards over a
 --context-token cache; the ratio is against the same backend's one-row forward.
 """
 
@@ -62,10 +64,10 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--context", type=int, default=300, help="tokens in the cache before the measured forward")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--backends", default="fp32,int8-naive,int8-invariant,llama.cpp,llama.cpp-invariant")
+    ap.add_argument("--backends", default="fp32,int8-naive,int8-invariant,llama.cpp,llama.cpp-invariant,q4")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    known = ("fp32", "int8-naive", "int8-invariant", "llama.cpp", "llama.cpp-invariant")
+    known = ("fp32", "int8-naive", "int8-invariant", "llama.cpp", "llama.cpp-invariant", "q4")
     unknown = [b for b in args.backends.split(",") if b not in known]
     if unknown:
         ap.error(f"unknown backend {', '.join(unknown)}; the backends: {', '.join(known)}")
@@ -77,6 +79,11 @@ def main() -> None:
             from vocabbridge.engine.llama_cpp import load_llama_cpp_lm
 
             lm = load_llama_cpp_lm(src, invariant=name.endswith("invariant"))
+        elif name == "q4":
+            from vocabbridge.engine.q4 import load_q4_lm
+
+            lm = load_q4_lm(src)
+            lm.rows = None  # the rows as given (the engine verifies up to INVARIANT_ROWS a forward)
         else:
             from vocabbridge.engine.model import load_causal_lm
 

@@ -86,6 +86,27 @@ def _llama_check() -> Check:
     return Check("llama.cpp", "ok", what)
 
 
+def _q4_check() -> Check:
+    """vocabbridge._q4 (``--kernels q4``): built when vocabbridge was installed, and the vector unit it runs on here."""
+    try:
+        from .engine import q4
+    except ImportError as e:  # torch missing: its own check says so
+        return Check("q4 kernels", "info", f"not checked: {e}")
+    if not q4.available():
+        return Check("q4 kernels", "warn", f"vocabbridge._q4 not built ({q4.BUILD_ERROR}): --kernels q4 unavailable", Q4_INSTALL)
+    try:
+        unit = q4.vector_unit()
+    except Exception as e:  # an extension that does not run is what this check is for
+        return Check("q4 kernels", "fail", f"vocabbridge._q4 does not run: {e}", Q4_INSTALL)
+    return Check("q4 kernels", "ok", f"vocabbridge._q4 built, runs on {unit} here ({q4.default_threads()} threads)")
+
+
+Q4_INSTALL = (
+    "install a C compiler and Python's headers (apt-get install gcc python3-dev), then reinstall vocabbridge: "
+    "pip install --no-deps --force-reinstall -v -e . in a checkout"
+)
+
+
 LLAMA_INSTALL = (
     "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON' pip install --no-cache-dir --force-reinstall "
     "'vocabbridge[llama]' (leave out the AVX512 flags on a CPU without it; the native build with AMX crashes)"
@@ -155,6 +176,7 @@ def run_checks(*, launch_vllm: bool = True) -> tuple[list[Check], object]:
                 )
             )
     checks.append(_llama_check())
+    checks.append(_q4_check())
     checks.append(_path_check())
     folder = models_dir()
     local = [n for n in PRESETS if resolve_model(n) != PRESETS[n].hub_id]
