@@ -25,7 +25,7 @@ from vocabbridge.spec import EngineSpec
 from vocabbridge.testing import tiny_model
 from vocabbridge.training.chain import Batch, chain, collate
 from vocabbridge.training.data import load_shard
-from vocabbridge.training.train import Recipe, train_head
+from vocabbridge.training.train import TIMING_STEPS, WARM_STEPS, Recipe, train_head
 
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(), reason="int8 (fbgemm's dynamic quantization) runs on the CPU only; on a GPU the target runs bf16"
@@ -189,8 +189,9 @@ def test_a_budget_cuts_data_generation_and_plans_the_training_steps(trained, tmp
     recipe = replace(TINY_RECIPE, budget_minutes=1e-6, max_prompts=40)  # spent at once: whatever the machine's speed
     r = train_head(str(trained["target"]), tmp_path / "head", recipe, say=said.append, quiet=True)
     assert r.tokens["batches_generated"] == 2 < r.tokens["batches_planned"]  # two batches at least, then the deadline
-    assert any(m.startswith("budget: 4 of ") for m in said)  # nothing fits after the timed steps
-    assert r.history[-1]["step"] == 4 and "eval" in r.history[-1]
+    # nothing fits after the warm steps and the timed ones (2 + 4)
+    assert any(m.startswith(f"budget: {WARM_STEPS + TIMING_STEPS} of ") for m in said)
+    assert r.history[-1]["step"] == WARM_STEPS + TIMING_STEPS and "eval" in r.history[-1]
 
 
 def test_a_head_is_refused_for_another_target(trained, tok_dirs, tmp_path):

@@ -51,7 +51,8 @@ MAGPIE_FILE = "prompts-written.jsonl"  # the prompts the target wrote, in the da
 MAGPIE_SHARE = 0.35  # of the data's share of a budget, at most this much for writing prompts
 CKPT = "checkpoint.pt"
 CKPT_EVERY = 25  # optimizer steps between checkpoints (and at every epoch's end)
-TIMING_STEPS = 4  # steps timed before a budgeted run plans its total
+TIMING_STEPS = 4  # steps timed before a budgeted run plans its total (after WARM_STEPS, then again every CKPT_EVERY)
+WARM_STEPS = 2  # first steps left out of the timing: on a GPU they pay for kernel selection and allocations
 SAVE_RESERVE_S = 20.0  # of a budget, kept for saving the head and plotting
 FINAL_EVAL_COST = 2.5  # the final evaluation (draft and whole vocabulary) against one evaluation on the curves (measured: ~2.3×)
 INITS = ("least-squares", "identity")
@@ -477,7 +478,7 @@ class _Training:
         self.epochs = [
             batches(train, batch_tokens=recipe.batch_tokens, rng=random.Random(recipe.seed + e)) for e in range(recipe.epochs)
         ]
-        self.planned = sum(len(b) for b in self.epochs)
+        self.planned = self.full = sum(len(b) for b in self.epochs)
         self.step = self.resumed_at = 0
         self.eval_s = 0.0  # how long one evaluation on the curves took (a budget plans for them)
         self.history: list[dict] = []
@@ -534,8 +535,11 @@ class _Training:
                     {"step": self.step, "epoch": epoch + (i + 1) / len(group), "loss": value, "per_depth": per_depth}
                 )
                 bar.update(1, epoch=epoch + 1, loss=value)
-                if deadline is not None and self.step - self.resumed_at == TIMING_STEPS:
-                    self._plan(deadline, (time.perf_counter() - t_start) / TIMING_STEPS)
+                done = self.step - self.resumed_at
+                if done == WARM_STEPS:
+                    t_start = time.perf_counter()  # the warm steps' time is not a step's time
+                if deadline is not None and done > WARM_STEPS and (done - WARM_STEPS) % CKPT_EVERY == TIMING_STEPS % CKPT_EVERY:
+                    self._plan(deadline, (time.perf_counter() - t_start) / (done - WARM_STEPS))
                 if i == len(group) - 1:
                     self._end_of_epoch(epoch + 1)
                 elif self.step % CKPT_EVERY == 0:
@@ -578,17 +582,19 @@ class _Training:
 
     def _plan(self, deadline: float, per_step: float) -> None:
         """As many steps as fit before ``deadline``, leaving time for the evaluation at each epoch's
-        end the plan reaches and for the final one."""
+        end the plan reaches and for the final one. Planned again as the steps are timed (the
+        first ones on a GPU are dear: an EAGLE-3 head on an H200 was planned 72 of 439 steps from
+        2.05 s steps that later ran far faster), so the plan may grow back toward the full one."""
         left = deadline - time.perf_counter() - FINAL_EVAL_COST * self.eval_s
         ends = list(itertools.accumulate(len(g) for g in self.epochs))
         fit = self.step
-        while fit < self.planned:
+        while fit < self.full:
             evals = sum(1 for e in ends if self.step < e <= fit + 1)
             if (fit + 1 - self.step) * per_step + evals * self.eval_s > left:
                 break
             fit += 1
-        if fit < self.planned:
-            self.say(f"budget: {fit} of {self.planned} steps fit ({per_step:.2f} s per step)")
+        if fit != self.planned:
+            self.say(f"budget: {fit} of {self.full} steps fit ({per_step:.2f} s per step)")
             self.planned = fit
 
     def _evaluate(self, step: int, epoch: float) -> dict:
