@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--drafters", default="none,ngram")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--kernels", default="auto", help="as the CLI's --kernels (auto, torch, llama.cpp, …)")
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-ids", default="ko-chat,en-chat,code-review,doc-summary,code-gen")
@@ -78,6 +79,7 @@ def main() -> None:
             ngram_first=d.ngram_first,
             device=args.device,
             dtype=args.dtype,
+            kernels=args.kernels,
             num_speculative_tokens=args.k,
         )
         t0 = time.perf_counter()
@@ -99,8 +101,9 @@ def main() -> None:
         print(rows[-1], file=sys.stderr, flush=True)
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else platform.processor() or "CPU"
     head = [
-        f"Target {args.target} on {dev}; k = {args.k}, greedy, {args.max_tokens} tokens, prompts {args.prompt_ids}; "
-        f"torch {torch.__version__}.",
+        f"Target {args.target} on {dev} ({results[next(iter(results))]['path']['path']}); k = {args.k}, greedy, "
+        f"{args.max_tokens} tokens, prompts {args.prompt_ids}; torch {torch.__version__}; each row's draft length "
+        "policy in the JSON (path.draft_length).",
         "",
         "| drafter | tok/s | × plain | acceptance | mean acceptance length | tokens per target forward | identical to plain |",
         "| --- | --- | --- | --- | --- | --- | --- |",
