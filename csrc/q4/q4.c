@@ -67,6 +67,12 @@
 #define OFF_M 192
 #define OFF_Q 320
 #define ROW_CHUNK 32 /* rows per pass over the weights: their activations stay in L2 */
+#ifndef AVX2_ROWS
+#define AVX2_ROWS 8 /* rows the AVX2 block kernel takes in one pass (measured: 8 beats passes of 4 or 5) */
+#endif
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 0 /* software prefetch this many blocks ahead (0: none; 2-8 measured slower on Zen 2) */
+#endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 static const char *ISA_NAMES[] = {"scalar", "avx2", "avx512vnni"};
@@ -255,14 +261,16 @@ static inline int32_t load_i32(const void *p) {
     return v;
 }
 
-/* Half h (columns 8h..8h+7) of a block, nr <= 4 rows. For each sub-block the 8 products of a
+/* Half h (columns 8h..8h+7) of a block, nr <= 8 rows. For each sub-block the 8 products of a
  * 4-input group with 8 columns (vpmaddubsw: 16 int16 lanes, two per column) are added in int16
- * (at most 16 * 15 * 127 = 30480, exact), then scaled by sc and widened (vpmaddwd). */
+ * (at most 16 * 15 * 127 = 30480, exact), then scaled by sc and widened (vpmaddwd). vpmaddubsw and
+ * vpmaddwd share one pipe on Zen 2 (one a cycle): 9 of them per row and 256 products bound the
+ * kernel, so the shared work (decoding nibbles, loading scales) is done once for every row. */
 AVX2_FN static inline __attribute__((always_inline)) void block_avx2_half(const uint8_t *blk, int h, const int nr,
                                                                           const Rows *rw) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i isum[4], msum[4], s16[4];
-    for (int r = 0; r < nr; r++) isum[r] = msum[r] = _mm256_setzero_si256();
+    __m256i isum[8], s16[8];
+    for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
     for (int j = 0; j < NSUB; j++) {
         for (int r = 0; r < nr; r++) s16[r] = _mm256_setzero_si256();
         for (int t = 0; t < 4; t++) {
@@ -273,25 +281,26 @@ AVX2_FN static inline __attribute__((always_inline)) void block_avx2_half(const 
                 const int8_t *x = rw->x[r] + 32 * j + 8 * t;
                 s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(w0, _mm256_set1_epi32(load_i32(x))));
                 s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(w1, _mm256_set1_epi32(load_i32(x + 4))));
+                __asm__("" : "+x"(s16[r])); /* keep the chain: reassociated, it spills */
             }
         }
         __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + OFF_SC + j * GROUP + h * 8)));
         sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
         for (int r = 0; r < nr; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], sc));
     }
-    for (int p = 0; p < 4; p++) {
-        __m256i m16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + OFF_M + p * 32 + h * 16)));
-        for (int r = 0; r < nr; r++)
-            msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(m16, _mm256_set1_epi32(load_i32(rw->b[r] + 2 * p))));
-    }
     __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + OFF_D + h * 16)));
     __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + OFF_DMIN + h * 16)));
     for (int r = 0; r < nr; r++) {
+        __m256i msum = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i m16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + OFF_M + p * 32 + h * 16)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(m16, _mm256_set1_epi32(load_i32(rw->b[r] + 2 * p))));
+        }
         __m256 dx = _mm256_set1_ps(rw->dx[r]);
         __m256 a = _mm256_mul_ps(d, dx), b = _mm256_mul_ps(dm, dx);
         __m256 acc = _mm256_loadu_ps(rw->acc[r] + 8 * h);
         acc = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(isum[r]), acc);
-        acc = _mm256_fnmadd_ps(b, _mm256_cvtepi32_ps(msum[r]), acc);
+        acc = _mm256_fnmadd_ps(b, _mm256_cvtepi32_ps(msum), acc);
         _mm256_storeu_ps(rw->acc[r] + 8 * h, acc);
     }
 }
@@ -302,7 +311,11 @@ AVX2_FN static void block_avx2(const uint8_t *blk, int nr, const Rows *rw) {
         case 1: block_avx2_half(blk, h, 1, rw); break;
         case 2: block_avx2_half(blk, h, 2, rw); break;
         case 3: block_avx2_half(blk, h, 3, rw); break;
-        default: block_avx2_half(blk, h, 4, rw); break;
+        case 4: block_avx2_half(blk, h, 4, rw); break;
+        case 5: block_avx2_half(blk, h, 5, rw); break;
+        case 6: block_avx2_half(blk, h, 6, rw); break;
+        case 7: block_avx2_half(blk, h, 7, rw); break;
+        default: block_avx2_half(blk, h, 8, rw); break;
         }
     }
 }
@@ -375,7 +388,10 @@ typedef struct {
 
 static void matmul_groups(const MatJob *jb, int g0, int g1) {
     const int nsb = jb->Kp / QK, R = jb->a->R;
-    const int step = jb->isa == ISA_AVX512 ? 8 : jb->isa == ISA_AVX2 ? 4 : 8;
+    const int most = jb->isa == ISA_AVX2 ? AVX2_ROWS : 8; /* rows a block kernel takes at once */
+#if PREFETCH_BLOCKS
+    const uint8_t *end = jb->W + (size_t)g1 * nsb * BLOCK;
+#endif
     float stack_acc[ROW_CHUNK * GROUP] __attribute__((aligned(64)));
     for (int c0 = 0; c0 < R; c0 += ROW_CHUNK) {
         const int rc = R - c0 < ROW_CHUNK ? R - c0 : ROW_CHUNK;
@@ -383,8 +399,15 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
             memset(stack_acc, 0, sizeof(float) * rc * GROUP);
             const uint8_t *blk = jb->W + (size_t)g * nsb * BLOCK;
             for (int s = 0; s < nsb; s++, blk += BLOCK) {
-                for (int r0 = 0; r0 < rc; r0 += step) {
-                    const int nr = rc - r0 < step ? rc - r0 : step;
+#if defined(Q4_X86) && PREFETCH_BLOCKS
+                const uint8_t *ahead = blk + PREFETCH_BLOCKS * BLOCK; /* this thread's stream, a few blocks on */
+                if (ahead < end)
+                    for (int l = 0; l < BLOCK; l += 64) _mm_prefetch((const char *)ahead + l, _MM_HINT_T0);
+#endif
+                /* the rows in passes of nearly equal size (5 = 3 + 2): a pass decodes the block again */
+                const int passes = (rc + most - 1) / most;
+                for (int p = 0, r0 = 0, nr = 0; p < passes; p++, r0 += nr) {
+                    nr = (rc - r0) / (passes - p);
                     Rows rw;
                     for (int i = 0; i < nr; i++) {
                         const int r = c0 + r0 + i;
