@@ -22,6 +22,7 @@ COMMANDS = {
     "bench": "vocabbridge.cli.bench_cmd:bench_cmd",
     "doctor": "vocabbridge.cli.doctor_cmd:doctor_cmd",
     "train-head": "vocabbridge.cli.train_head_cmd:train_head_cmd",
+    "transplant": "vocabbridge.cli.transplant_cmd:transplant_cmd",
 }
 
 
