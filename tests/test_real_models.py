@@ -127,3 +127,56 @@ def test_generate_and_the_server_show_no_end_of_turn_token(smol):
     streamed = "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks if ch["choices"])
     assert (whole["token_ids"], whole["finish_reason"]) == (want.tokens, "stop")
     assert whole["message"]["content"] == streamed == want.text
+
+
+def test_the_conversion_cache_outlives_a_transformers_upgrade(smol, tmp_path, monkeypatch):
+    """Converted folders were keyed by transformers' version, so installing the vLLM extra (another
+    transformers) converted every model again (13 GB). Now the key is the GGUF file and our FORMAT:
+    folders written under the old key by any transformers version are taken over (no conversion),
+    one of them kept, the others and those of earlier versions of the file removed."""
+    import hashlib
+    import shutil
+
+    import transformers
+
+    from vocabbridge.engine import convert, load_causal_lm
+
+    made = convert.converted_folder(SMOL)  # the run's cache (conftest): converted once per run, at most
+    gguf = tmp_path / "models" / SMOL.name
+    gguf.parent.mkdir()
+    shutil.copy2(SMOL, gguf)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VOCABBRIDGE_CACHE", str(cache))
+
+    def old_folder(version: str) -> Path:
+        """A folder as the old key named it, written by transformers ``version`` (weights linked, not copied)."""
+        st = gguf.stat()
+        key = f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}|1|{version}"
+        folder = cache / "converted" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        folder.mkdir(parents=True)
+        for f in made.iterdir():
+            if f.suffix == ".safetensors":
+                (folder / f.name).symlink_to(f)
+            elif f.name != convert.SOURCE_FILE:
+                shutil.copy2(f, folder / f.name)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"transformers_version": version}))
+        return folder
+
+    vllm_extras, ours = old_folder("4.57.1"), old_folder(transformers.__version__)
+    said: list[str] = []
+    got = convert.converted_folder(gguf, say=said.append)
+    assert got == convert.converted_dir(gguf) and convert.is_converted(got)
+    assert not any("converting" in s for s in said), said  # taken over, not converted again
+    assert not vllm_extras.exists() and not ours.exists()  # one folder per GGUF file
+    assert json.loads((got / convert.SOURCE_FILE).read_text())["gguf"] == str(gguf.resolve())
+    assert convert.converted_folder(gguf, say=said.append) == got  # and found again by the new key
+    assert load_causal_lm(str(gguf), dtype="float32").vocab_size == 49152  # the engine loads it as it is
+    assert sorted(p.name for p in (cache / "converted").iterdir()) == [got.name]
+
+    os.utime(gguf, (gguf.stat().st_atime, gguf.stat().st_mtime + 60))  # a new version of the file
+    newer = old_folder(transformers.__version__)
+    again = convert.converted_folder(gguf, say=said.append)
+    assert again != got and again.is_dir() and not newer.exists()
+    assert not got.exists(), "the folder of the file's earlier version stays behind"
+    assert sorted(p.name for p in (cache / "converted").iterdir()) == [again.name]
