@@ -285,3 +285,13 @@ def _spec(**kw):
     from vocabbridge.engine.factory import EngineSpec
 
     return EngineSpec(**kw)
+
+
+def test_the_queue_limit_is_an_option_of_the_embedded_server(tiny):
+    target = ["serve", "--backend", "embedded", "--target", tiny["target"].source, "--dry-run"]
+    r = CliRunner().invoke(main, target)
+    assert r.exit_code == 0 and "32768 queued prompt tokens" in r.stdout, r.output
+    r = CliRunner().invoke(main, [*target, "--max-queued-tokens", "0"])
+    assert r.exit_code == 0 and "unlimited queued prompt tokens" in r.stdout, r.output
+    r = CliRunner().invoke(main, ["serve", "--backend", "vllm", "--dry-run", "--target", QWEN, "--max-queued-tokens", "9"])
+    assert r.exit_code == 1 and "vLLM has no such limit" in r.output

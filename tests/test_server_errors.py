@@ -187,3 +187,52 @@ def test_stopping_the_server_ends_open_streams_with_an_error(tiny):
             got = [ln[6:] if ln == "data: [DONE]" else json.loads(ln[6:]) for ln in lines if ln.startswith("data: ")]
     assert time.perf_counter() - t0 < 5 and not srv.thread.is_alive()
     assert got[-1] == "[DONE]" and got[-2]["error"]["message"].startswith("the server is shutting down")
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_serves_the_rest(tiny):
+    """Admission is bounded by the prompt tokens *waiting* (not running): past --max-queued-tokens a
+    request gets OpenAI's error body with a 429 and Retry-After at once, streaming or not, and is
+    counted; the queued requests are then served as usual. (The engine loop is not run until the
+    end, so what waits stays waiting.)"""
+    from threading import Thread
+
+    from .server_helpers import tiny_built
+
+    built = tiny_built(tiny)
+    prompt = "The quick brown fox jumps over the lazy dog"
+    n = len(built.target.view.encode(prompt))
+    with serve_in_thread(built, max_num_seqs=1, max_queued_tokens=2 * n, engine_thread=False) as srv:
+        answers: list[httpx.Response] = []
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+
+        def ask():
+            answers.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=60))
+
+        waiting = [Thread(target=ask) for _ in range(2)]  # 2n prompt tokens: the limit, reached
+        for th in waiting:
+            th.start()
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            deadline = time.monotonic() + 10
+            while metrics(c)["vocabbridge:queued_prompt_tokens"] < 2 * n:
+                assert time.monotonic() < deadline, metrics(c)
+                time.sleep(0.02)
+            full = c.post("/v1/completions", json=body)
+            streamed = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
+            m = metrics(c)
+        for r in (full, streamed):
+            assert r.status_code == 429 and 1 <= int(r.headers["Retry-After"]) <= 60, r.text
+            err = r.json()["error"]
+            assert (err["type"], err["code"], err["param"]) == ("rate_limit_error", "queue_full", None)
+            assert f"2 requests with {2 * n} prompt tokens wait" in err["message"]
+            assert f"limit of {2 * n} queued prompt tokens (vocabbridge serve --max-queued-tokens)" in err["message"]
+        assert m["vocabbridge:requests_rejected_total{reason=queue_full}"] == 2
+        assert m["vllm:num_requests_waiting"] == 2
+
+        def serve_them():
+            for th in waiting:
+                th.join(60)
+            return httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+
+        after = srv.run_with_engine_here(serve_them)  # the engine runs here until the client is done
+    assert [r.status_code for r in answers] == [200, 200] and after.status_code == 200
+    assert all(r.json()["usage"]["completion_tokens"] == 4 for r in [*answers, after])

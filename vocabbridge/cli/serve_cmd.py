@@ -19,6 +19,8 @@ from ..vllm.backend import check, choose_backend, echo_stderr, run_vllm, vllm_co
 from ..vllm.install import inspect_vllm
 from .common import api_key_option, backend_option, max_num_seqs_option, spec_options, status
 
+MAX_QUEUED_TOKENS = 32768  # serve's default: a few long prompts or dozens of short ones wait; more get a 429
+
 
 def _say(message: str) -> None:
     click.echo(f"vocabbridge serve: {message}", err=True)
@@ -31,11 +33,31 @@ def _say(message: str) -> None:
 @click.option("--port", default=8000, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @api_key_option("Require 'Authorization: Bearer KEY' on /v1/* (health and metrics stay open).")
 @max_num_seqs_option("Requests generating at once; the rest wait in FIFO order. [embedded default: 8; vLLM: its own]")
+@click.option(
+    "--max-queued-tokens",
+    type=click.IntRange(0),
+    default=None,
+    help="Embedded: refuse (HTTP 429 with Retry-After) a request whose prompt would take the prompt tokens waiting "
+    "for a slot (not running) past this; a request that finds none waiting is always taken; 0 = no limit. "
+    f"[default: {MAX_QUEUED_TOKENS}]",
+)
 @click.option("--served-model-name", help="The model name clients send. [default: the target as given]")
 @click.option("--tensor-parallel-size", type=click.IntRange(1), default=None, help="GPUs to split the target over (vLLM only).")
 @click.option("--dry-run", is_flag=True, help="Print what would run (the exact vllm command) and exit.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM_ARGS...]")
-def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_name, tensor_parallel_size, dry_run, vllm_args):
+def serve_cmd(
+    spec,
+    backend,
+    host,
+    port,
+    api_key,
+    max_num_seqs,
+    max_queued_tokens,
+    served_model_name,
+    tensor_parallel_size,
+    dry_run,
+    vllm_args,
+):
     """Serve the target with a drafter over an OpenAI-compatible HTTP API with vLLM's /metrics.
 
     Embedded: our engine (CPU or one GPU), one engine thread round-robining requests.
@@ -48,6 +70,8 @@ def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_nam
       vocabbridge serve --drafter smollm2-135m --mode bridged --api-key secret --port 8080
     """
     chosen, why = choose_backend(backend)
+    if chosen == "vllm" and max_queued_tokens is not None:
+        raise ConfigError("--max-queued-tokens bounds the embedded server's queue; vLLM has no such limit (leave it out).")
     if chosen == "vllm":
         cmd = vllm_command(
             spec,
@@ -75,7 +99,8 @@ def serve_cmd(spec, backend, host, port, api_key, max_num_seqs, served_model_nam
         raise ConfigError(f"arguments after -- are for vLLM ({' '.join(vllm_args)}); the embedded backend takes none.")
     if tensor_parallel_size not in (None, 1):
         raise ConfigError("--tensor-parallel-size needs --backend vllm (the embedded engine runs on one device).")
-    _serve_embedded(spec, why, host, port, api_key, max_num_seqs or 8, served_model_name, dry_run)
+    queued = MAX_QUEUED_TOKENS if max_queued_tokens is None else max_queued_tokens or None
+    _serve_embedded(spec, why, host, port, api_key, max_num_seqs or 8, queued, served_model_name, dry_run)
 
 
 def _run_vllm(cmd, host, port) -> int:
@@ -96,7 +121,7 @@ def _interruptible():
         signal.signal(signal.SIGTERM, old)
 
 
-def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_name, dry_run) -> None:
+def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, max_queued_tokens, served_model_name, dry_run) -> None:
     target = resolve_model(spec.target_name)
     drafter = spec.drafter if not spec.uses_model else f"{spec.drafter} ({resolve_model(spec.drafter)})"
     _say(f"backend embedded ({why})")
@@ -104,7 +129,8 @@ def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_n
         preflight(spec)
         click.echo(
             f"embedded: target {spec.target_name} ({target}), drafter {drafter}, k={spec.num_speculative_tokens}, "
-            f"on http://{host}:{port}, up to {max_num_seqs} concurrent requests"
+            f"on http://{host}:{port}, up to {max_num_seqs} concurrent requests, "
+            f"{max_queued_tokens or 'unlimited'} queued prompt tokens"
         )
         return
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -132,6 +158,7 @@ def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, served_model_n
         served_model_name=served_model_name,
         api_key=api_key,
         max_num_seqs=max_num_seqs,
+        max_queued_tokens=max_queued_tokens,
         engine_thread=False,
     )
     stop = threading.Event()

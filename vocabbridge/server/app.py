@@ -29,7 +29,7 @@ from ..spec import served_name
 from . import openai_api as P
 from .output_text import OutputText
 from .prometheus import ServerMetrics
-from .worker import EngineWorker, Event, GenRequest
+from .worker import EngineWorker, Event, GenRequest, QueueFull
 
 log = logging.getLogger("vocabbridge.server")
 
@@ -38,7 +38,14 @@ class ServerState:
     """What the routes share: the engine worker, the metrics, the served name, the API key."""
 
     def __init__(
-        self, built, *, served_model_name: str | None, api_key: str | None, max_num_seqs: int, engine_thread: bool = True
+        self,
+        built,
+        *,
+        served_model_name: str | None,
+        api_key: str | None,
+        max_num_seqs: int,
+        max_queued_tokens: int | None = None,
+        engine_thread: bool = True,
     ):
         self.built = built
         self.engine = built.engine
@@ -51,7 +58,9 @@ class ServerState:
         self.metrics = ServerMetrics(
             self.model_name, speculative=speculative, num_spec_tokens=built.engine.k, max_model_len=self.max_context
         )
-        self.worker = EngineWorker(built.engine, self.metrics, max_num_seqs=max_num_seqs, thread=engine_thread)
+        self.worker = EngineWorker(
+            built.engine, self.metrics, max_num_seqs=max_num_seqs, max_queued_tokens=max_queued_tokens, thread=engine_thread
+        )
 
     # ==== request → engine =================================================================
 
@@ -152,6 +161,10 @@ class ServerState:
         gen = GenRequest(prompt, params, text, asyncio.get_running_loop())
         try:
             self.worker.submit(gen)
+        except QueueFull as e:  # as OpenAI's rate limits: a 429 the client retries after Retry-After
+            raise P.ApiError(
+                429, str(e), type="rate_limit_error", code="queue_full", headers={"Retry-After": str(e.retry_after)}
+            ) from None
         except VocabBridgeError as e:
             raise P.ApiError(503, str(e), type="server_error") from None
         return gen
@@ -235,15 +248,23 @@ def create_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_num_seqs: int = 8,
+    max_queued_tokens: int | None = None,
     engine_thread: bool = True,
 ) -> FastAPI:
     """A FastAPI app serving ``built`` (a :class:`~vocabbridge.engine.factory.BuiltEngine`).
 
     The engine worker starts with the app's lifespan and stops with it: in a thread of its own, or
     (``engine_thread=False``) on the thread that calls ``app.state.vocabbridge.worker.run()``.
+    ``max_queued_tokens``: refuse (429) a request whose prompt would take the prompt tokens waiting
+    for a slot past this (None: no limit; see :class:`~vocabbridge.server.worker.EngineWorker`).
     """
     state = ServerState(
-        built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs, engine_thread=engine_thread
+        built,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        max_num_seqs=max_num_seqs,
+        max_queued_tokens=max_queued_tokens,
+        engine_thread=engine_thread,
     )
 
     @contextlib.asynccontextmanager
@@ -259,7 +280,7 @@ def create_app(
 
     @app.exception_handler(P.ApiError)
     async def _api_error(request, e: P.ApiError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, e: StarletteHTTPException):

@@ -31,10 +31,18 @@ class ApiError(Exception):
     """An error answered as OpenAI's ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(
-        self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers  # sent with the answer (Retry-After on a 429)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -7,6 +7,9 @@ Speculative decoding (present only when a drafter runs, as in vLLM); counters sh
 - ``vllm:spec_decode_num_draft_tokens`` / ``vllm:spec_decode_num_accepted_tokens``
 - ``vllm:spec_decode_num_accepted_tokens_per_pos{position="i"}`` — drafts whose i-th token was accepted
 
+Ours beside them (vLLM has no admission limit): ``vocabbridge:queued_prompt_tokens`` (prompt tokens
+waiting for a slot) and ``vocabbridge:requests_rejected_total{reason="queue_full"}`` (429s).
+
 PromQL, as vLLM documents it::
 
     acceptance rate        = rate(vllm:spec_decode_num_accepted_tokens_total[5m])
@@ -30,6 +33,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+REJECT_REASONS = ("queue_full",)
 TTFT_BUCKETS = [
     0.001,
     0.005,
@@ -128,6 +132,17 @@ class ServerMetrics:
 
         self.running = metric(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = metric(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        # Ours, not vLLM's (it has no admission limit): what the embedded server's bounded queue holds and refuses.
+        self.queued_tokens = metric(
+            Gauge, "vocabbridge:queued_prompt_tokens", "Prompt tokens of the requests waiting for a slot (not running)."
+        )
+        rejected = Counter(
+            "vocabbridge:requests_rejected",
+            "Requests refused on arrival (429), by reason (queue_full: --max-queued-tokens).",
+            labelnames=labels + ["reason"],
+            registry=r,
+        )
+        self.rejected = {reason: rejected.labels(*values, reason) for reason in REJECT_REASONS}
         self.prompt_tokens = metric(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = metric(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter(

@@ -97,6 +97,7 @@ def serve_in_thread(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_num_seqs: int = 8,
+    max_queued_tokens: int | None = None,
     log_level: str = "warning",
     access_log: bool = False,
     startup_timeout: float = 60.0,
@@ -110,7 +111,12 @@ def serve_in_thread(
     """
 
     app = create_app(
-        built, served_model_name=served_model_name, api_key=api_key, max_num_seqs=max_num_seqs, engine_thread=engine_thread
+        built,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        max_num_seqs=max_num_seqs,
+        max_queued_tokens=max_queued_tokens,
+        engine_thread=engine_thread,
     )
     if sock is None:
         sock = bind(host, port)

@@ -8,6 +8,11 @@ verifying target forward), turns the tokens into text and hands them to the requ
 to one request, and a cancelled request (its client went away) has its generator closed on the
 next turn, which frees its cache and its slot.
 
+Admission is bounded (``max_queued_tokens``): a request whose prompt would take the tokens
+waiting for a slot (not those running) past the limit is refused at once with :class:`QueueFull`
+(HTTP 429 with ``Retry-After``), instead of queueing work the server cannot reach for minutes; a
+request that finds nobody waiting is always taken, so no prompt is refused for its length alone.
+
 A long prompt therefore cannot stall the others: it is prefilled chunk by chunk between their
 decode steps, so a short request that arrives meanwhile gets its first token after at most one
 chunk per active request; and stopping the worker waits for one step at most.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -78,6 +84,15 @@ class GenRequest:
 
 
 IDLE_WAKEUP_S = 0.2  # how long Ctrl-C can wait for an idle engine loop to notice it
+RETRY_AFTER_S = 5  # Retry-After of a refusal before any request has waited (then: the mean wait so far)
+
+
+class QueueFull(VocabBridgeError):
+    """The waiting queue holds too many prompt tokens to take this request now; retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class EngineWorker:
@@ -86,12 +101,24 @@ class EngineWorker:
     where torch's CPU kernels run faster (measured on the 2-core machine: an int8 1.5B target's
     forward takes ~1.4× as long in any other thread, whatever OpenMP's wait policy)."""
 
-    def __init__(self, engine: SpecEngine, metrics: ServerMetrics, *, max_num_seqs: int = 8, thread: bool = True):
+    def __init__(
+        self,
+        engine: SpecEngine,
+        metrics: ServerMetrics,
+        *,
+        max_num_seqs: int = 8,
+        max_queued_tokens: int | None = None,
+        thread: bool = True,
+    ):
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
+        if max_queued_tokens is not None and max_queued_tokens < 1:
+            raise ValueError("max_queued_tokens must be at least 1 (None: no limit)")
         self.engine = engine
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
+        self.max_queued_tokens = max_queued_tokens
+        self._waited = (0, 0.0)  # requests admitted to a slot, and the seconds they waited for it (Retry-After)
         self.threaded = thread
         self._cv = threading.Condition()
         self._waiting: deque[GenRequest] = deque()
@@ -129,11 +156,25 @@ class EngineWorker:
             self._shutdown()
 
     def submit(self, req: GenRequest) -> None:
+        """Queue ``req``; :class:`QueueFull` when its prompt would take the waiting prompt tokens past
+        ``max_queued_tokens`` (a request that finds nobody waiting is always taken)."""
         with self._cv:
             if self._stopping:
                 raise VocabBridgeError("the server is shutting down; retry on another server.")
+            queued = self._queued_tokens()
+            limit = self.max_queued_tokens
+            if limit is not None and self._waiting and queued + len(req.prompt) > limit:
+                with self.metrics.lock:
+                    self.metrics.rejected["queue_full"].inc()
+                wait = self._retry_after()
+                raise QueueFull(
+                    f"the server is busy: {len(self._waiting)} requests with {queued} prompt tokens wait for one of its "
+                    f"{self.max_num_seqs} slots, and this prompt's {len(req.prompt)} tokens would pass its limit of {limit} "
+                    f"queued prompt tokens (vocabbridge serve --max-queued-tokens); retry in {wait} s.",
+                    wait,
+                )
             self._waiting.append(req)
-            self.metrics.waiting.set(len(self._waiting))
+            self._set_waiting()
             self._cv.notify()
 
     def cancel(self, req: GenRequest) -> None:
@@ -145,7 +186,7 @@ class EngineWorker:
                 req.done = True
                 with self.metrics.lock:
                     self.metrics.success["abort"].inc()
-                    self.metrics.waiting.set(len(self._waiting))
+                self._set_waiting()
             self._cv.notify()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -156,6 +197,19 @@ class EngineWorker:
             self._cv.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def _queued_tokens(self) -> int:
+        return sum(len(r.prompt) for r in self._waiting)
+
+    def _set_waiting(self) -> None:
+        """The waiting gauges (call under ``self._cv``)."""
+        self.metrics.waiting.set(len(self._waiting))
+        self.metrics.queued_tokens.set(self._queued_tokens())
+
+    def _retry_after(self) -> int:
+        """Seconds a refused client should wait: the mean time requests have waited for a slot so far."""
+        n, total = self._waited
+        return min(60, max(1, math.ceil(total / n))) if n else RETRY_AFTER_S
 
     # ==== the engine thread ===============================================================
 
@@ -180,9 +234,12 @@ class EngineWorker:
                 if self._stopping:
                     break
                 while self._waiting and len(self._active) < self.max_num_seqs:
-                    self._active.append(self._waiting.popleft())
+                    req = self._waiting.popleft()
+                    n, total = self._waited
+                    self._waited = (n + 1, total + time.perf_counter() - req.t_arrival)
+                    self._active.append(req)
                 batch = list(self._active)
-                self.metrics.waiting.set(len(self._waiting))
+                self._set_waiting()
                 self.metrics.running.set(len(self._active))
             for req in batch:
                 if self._stopping:  # stop between steps, not after a whole round
@@ -279,3 +336,4 @@ class EngineWorker:
                 self._finish(req, "abort", error=(503, "the server is shutting down; retry the request."))
         self.metrics.running.set(0)
         self.metrics.waiting.set(0)
+        self.metrics.queued_tokens.set(0)
