@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import InputFileError
@@ -86,3 +91,45 @@ def looks_like_hub_id(source: str) -> bool:
     (False, False)
     """
     return bool(_HUB_ID.match(source)) and not source.endswith((".json", ".gguf", ".tiktoken", ".model", ".txt"))
+
+
+PROGRESS_ENV = "VOCABBRIDGE_PROGRESS_SECONDS"  # how often a long phase says it is still working, off a terminal
+
+
+def progress_every() -> float:
+    """Seconds between progress lines off a terminal (``VOCABBRIDGE_PROGRESS_SECONDS``, default 30)."""
+    try:
+        return max(0.05, float(os.environ.get(PROGRESS_ENV, "30")))
+    except ValueError:
+        return 30.0
+
+
+@contextlib.contextmanager
+def heartbeat(line: Callable[[float], str | None], *, stream=None, every: float | None = None) -> Iterator[None]:
+    """While the block runs, off a terminal, print ``line(seconds so far)`` to stderr every
+    :func:`progress_every` seconds (a line of None is skipped). rich's bars and spinners draw only
+    on a terminal, so in a log, a pipe or CI a long phase printed nothing for many minutes.
+
+    >>> with heartbeat(lambda s: f"working ({s:.0f} s)", stream=io.StringIO()):  # doctest: +SKIP
+    ...     time.sleep(65)
+    """
+    stream = stream if stream is not None else sys.stderr
+    if getattr(stream, "isatty", lambda: False)():
+        yield
+        return
+    every = every or progress_every()
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def beat():
+        while not stop.wait(every):
+            text = line(time.monotonic() - t0)
+            if text:
+                print(text, file=stream, flush=True)
+
+    thread = threading.Thread(target=beat, name="vocabbridge-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(1)

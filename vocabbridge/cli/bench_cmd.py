@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -18,6 +19,7 @@ from ..errors import BenchError
 from ..launcher import LaunchSettings, bench_launched
 from ..report import print_sections, to_json
 from ..spec import MODEL_MODES, parse_drafters
+from ..util import heartbeat, progress_every
 from .common import (
     OUTPUT_DIR,
     api_key_option,
@@ -46,7 +48,8 @@ def _names(value: str | None) -> list[str] | None:
 
 
 class _Progress:
-    """Progress bars on a terminal; one line per request otherwise (logs, CI)."""
+    """Progress bars on a terminal; otherwise (logs, CI) one line per request, and a line every
+    ``VOCABBRIDGE_PROGRESS_SECONDS`` (30 s) without one (a server starting, a long request)."""
 
     def __init__(self):
         self.console = Console(stderr=True)
@@ -55,6 +58,9 @@ class _Progress:
         self.task = None
         self.done = self.total = 0
         self.config = ""
+        self.doing = "starting"
+        self.said = time.monotonic()
+        self._beat = None
 
     def __enter__(self):
         if self.tty:
@@ -68,11 +74,28 @@ class _Progress:
                 console=self.console,
             )
             self.bars.start()
+        else:
+            self._beat = heartbeat(self._still)
+            self._beat.__enter__()
         return self
 
     def __exit__(self, *exc):
+        if self._beat is not None:
+            self._beat.__exit__(*exc)
         if self.bars is not None:
             self.bars.stop()
+
+    def _print(self, text: str, **kw) -> None:
+        self.said = time.monotonic()
+        self.console.print(text, highlight=False, markup=False, **kw)
+
+    def _still(self, elapsed: float) -> str | None:
+        quiet = time.monotonic() - self.said
+        if quiet < progress_every():
+            return None
+        self.said = time.monotonic()
+        where = f"[{self.config} {self.done}/{self.total}] " if self.config else ""
+        return f"{where}still {self.doing} ({quiet:.0f} s since the last line, {elapsed:.0f} s in all)"
 
     def config_started(self, name, total):
         self.config, self.done, self.total = name, 0, total
@@ -80,6 +103,7 @@ class _Progress:
             self.task = self.bars.add_task("", total=total, config=name)
 
     def request_started(self, label):
+        self.doing = f"running {label.split(': ', 1)[-1]}"
         if self.bars is not None and self.task is not None:
             self.bars.update(self.task, description=label.split(": ", 1)[-1])
 
@@ -91,15 +115,15 @@ class _Progress:
         c = r.completion
         what = f"{r.output_tokens} tokens, TTFT {c.ttft or 0:.2f} s, {c.total_time:.1f} s" if r.ok else f"failed: {c.error}"
         prefill = "" if r.prefill is None else f" (prefill {r.prefill})"
-        line = f"[{self.config} {self.done}/{self.total}] {r.phase} {r.prompt_id}{prefill}: {what}"
-        self.console.print(line, highlight=False, markup=False)
+        self._print(f"[{self.config} {self.done}/{self.total}] {r.phase} {r.prompt_id}{prefill}: {what}")
 
     def config_done(self, result):
         if self.bars is not None and self.task is not None:
             self.bars.update(self.task, description="done")
 
     def message(self, text):
-        self.console.print(text, style="dim", highlight=False, markup=False)
+        self.config, self.doing = "", text.rstrip("…. ")  # e.g. "ngram: starting (vocabbridge serve)"
+        self._print(text, style="dim")
 
 
 def _command_line() -> str | None:

@@ -4,7 +4,6 @@ Commands parse, call one library function, and render."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import os
@@ -18,7 +17,7 @@ from rich.console import Console
 
 from ..errors import VocabBridgeError
 from ..spec import DRAFTERS, METHOD_NAMES, MODEL_MODES, EngineSpec, Option, options
-from ..util import atomic_write_text
+from ..util import atomic_write_text, heartbeat
 
 
 class Group(click.Group):
@@ -114,10 +113,12 @@ def emit(text: str, output: Path | None) -> None:
 
 
 def status(message: str):
-    """A spinner on stderr while something slow runs (silent when stderr is not a terminal)."""
+    """A spinner on stderr while something slow runs; off a terminal (logs, pipes, CI), where a
+    spinner does not draw, a plain line every ``VOCABBRIDGE_PROGRESS_SECONDS`` (30 s) instead."""
     if not sys.stderr.isatty():
-        return contextlib.nullcontext()
-
+        prog = click.get_current_context(silent=True)
+        name = f"vocabbridge {prog.info_name}" if prog is not None else "vocabbridge"
+        return heartbeat(lambda s: f"{name}: {message.rstrip('…')}… (still working, {s:.0f} s)")
     return Console(stderr=True).status(message)
 
 

@@ -41,6 +41,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from ..errors import ModelLoadError
 from ..mapping.cache import cache_root
+from ..util import heartbeat
 
 FORMAT = "1"  # bump when what a converted folder holds changes
 SOURCE_FILE = "vocabbridge-source.json"  # in each folder: the GGUF it was converted from, FORMAT, transformers' version
@@ -143,12 +144,13 @@ def converted_folder(gguf: str | Path, *, say=None) -> Path:
     t0 = time.perf_counter()
     tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        save_dequantized(model, tmp)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        tokenizer.save_pretrained(str(tmp))
-        GenerationConfig.from_model_config(model.config).save_pretrained(str(tmp))
-        del model
+        with heartbeat(lambda s: f"vocabbridge: still converting {gguf.name} ({s:.0f} s)"):  # off a terminal
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            save_dequantized(model, tmp)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tokenizer.save_pretrained(str(tmp))
+            GenerationConfig.from_model_config(model.config).save_pretrained(str(tmp))
+            del model
         _mark(tmp, gguf)
         if is_converted(dest):  # another process finished first (and may be reading it): keep its folder
             return dest

@@ -1,4 +1,6 @@
-"""Progress for long phases: a rich bar on a terminal, one plain line per update elsewhere (logs, CI).
+"""Progress for long phases: a rich bar on a terminal, one plain line per update elsewhere (logs, CI),
+and there also a line every ``VOCABBRIDGE_PROGRESS_SECONDS`` (30 s) without an update (a batch of
+generation can take minutes).
 
 >>> with Progress(3, "steps", stream=io.StringIO()) as p:  # doctest: +SKIP
 ...     p.update(1, loss=2.5)
@@ -13,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+from ..util import heartbeat, progress_every
+
 
 class Progress:
     """``update(n, **info)`` advances by n and shows ``info`` (floats to 4 digits)."""
@@ -21,8 +25,9 @@ class Progress:
         self.total, self.desc, self.unit, self.done = total, desc, unit, 0
         self.stream = stream if stream is not None else sys.stderr
         self.quiet = quiet
-        self.t0 = time.perf_counter()
+        self.t0 = self.said = time.perf_counter()
         self.bar = None
+        self._beat = None
         if not quiet and getattr(self.stream, "isatty", lambda: False)():
             self.bar = RichProgress(
                 TextColumn("{task.description}"),
@@ -35,6 +40,15 @@ class Progress:
             )
             self.bar.start()
             self.task = self.bar.add_task(desc, total=total, info="")
+        elif not quiet:
+            self._beat = heartbeat(self._still, stream=self.stream)
+            self._beat.__enter__()
+
+    def _still(self, elapsed: float) -> str | None:
+        if time.perf_counter() - self.said < progress_every():
+            return None
+        self.said = time.perf_counter()
+        return f"{self.desc}: {self.done}/{self.total}{self.unit}  {elapsed:.0f} s  (working)"
 
     def update(self, n: int = 1, **info) -> None:
         self.done += n
@@ -42,7 +56,8 @@ class Progress:
         if self.bar is not None:
             self.bar.update(self.task, advance=n, info=text)
         elif not self.quiet:
-            elapsed = time.perf_counter() - self.t0
+            self.said = time.perf_counter()
+            elapsed = self.said - self.t0
             print(
                 f"{self.desc}: {self.done}/{self.total}{self.unit}  {elapsed:.0f} s  {text}".rstrip(),
                 file=self.stream,
@@ -50,6 +65,9 @@ class Progress:
             )
 
     def close(self) -> None:
+        if self._beat is not None:
+            self._beat.__exit__(None, None, None)
+            self._beat = None
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
