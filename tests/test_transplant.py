@@ -313,3 +313,47 @@ def test_the_gguf_computes_what_the_folder_computes(transplanted):
     ids = hf.view.encode(PROMPTS[0])
     a, b = hf.session().extend(ids, keep=3), ll.session().extend(ids, keep=3)
     assert (a - b).abs().max() < 1e-2 * a.abs().max() and torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_vllm_gets_it_as_a_plain_draft_model(models, transplanted):
+    """`serve --backend vllm --dry-run`: the same vocabulary, so draft_model without use_heterogeneous_vocab
+    (tests/test_transplant_vllm.py serves it in the real vLLM)."""
+    args = [
+        "serve",
+        "--backend",
+        "vllm",
+        "--dry-run",
+        "--target",
+        str(models["target"]),
+        "--drafter",
+        str(transplanted["mean"].folder),
+    ]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    cfg = json.loads(r.stdout.split("--speculative-config", 1)[1].split()[0].strip("'"))
+    assert cfg == {
+        "method": "draft_model",
+        "model": str(transplanted["mean"].folder),
+        "num_speculative_tokens": cfg["num_speculative_tokens"],
+    }
+
+
+def test_the_exaone_preset_points_at_its_transplanted_folder(tmp_path, monkeypatch):
+    from vocabbridge.presets import PRESETS, TRANSPLANT_EXAONE, describe_presets, resolve_model, vocab_family
+
+    monkeypatch.setenv("VOCABBRIDGE_DRAFTERS", str(tmp_path))
+    assert resolve_model("exaone-1.2b-4.5vocab") == str(tmp_path / "exaone-1.2b-4.5vocab")
+    assert vocab_family("exaone-1.2b-4.5vocab") == vocab_family("exaone-4.5-33b") != vocab_family("exaone-1.2b")
+    assert (
+        PRESETS["exaone-1.2b-4.5vocab"].pairs_with == "exaone-4.5-33b" and "-o drafters/exaone-1.2b-4.5vocab" in TRANSPLANT_EXAONE
+    )
+    row = next(r for r in describe_presets() if r["name"] == "exaone-1.2b-4.5vocab")
+    assert not row["local"] and TRANSPLANT_EXAONE in row["notes"]
+    r = CliRunner().invoke(main, ["serve", "--backend", "vllm", "--dry-run", "--drafter", "exaone-1.2b-4.5vocab"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads(r.stdout.split("--speculative-config", 1)[1].split()[0].strip("'"))
+    assert (
+        cfg["method"] == "draft_model"
+        and cfg["model"] == str(tmp_path / "exaone-1.2b-4.5vocab")
+        and "use_heterogeneous_vocab" not in cfg
+    )

@@ -179,7 +179,7 @@ def run_checks(*, launch_vllm: bool = True) -> tuple[list[Check], object]:
     checks.append(_q4_check())
     checks.append(_path_check())
     folder = models_dir()
-    local = [n for n in PRESETS if resolve_model(n) != PRESETS[n].hub_id]
+    local = [n for n in PRESETS if Path(resolve_model(n)).exists()]
     if folder is None:
         checks.append(
             Check(

@@ -13,6 +13,8 @@ Traceback (most recent call last):
 vocabbridge.errors.ConfigError: unknown model 'qwen2.5-coder-05b': ... Did you mean qwen2.5-coder-0.5b or qwen2.5-coder-1.5b? ...
 >>> PRESETS["exaone-1.2b"].pairs_with
 'exaone-4.5-33b'
+>>> resolve_model("exaone-1.2b-4.5vocab")  # vocabbridge transplant writes it (TRANSPLANT_EXAONE)
+'drafters/exaone-1.2b-4.5vocab'
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ class Preset:
     notes: str = ""
     vocab: str | None = None  # tokenizer family: presets with the same value share one vocabulary
     params_b: float | None = None  # parameters, in billions (memory checks before loading)
+    transplanted: str | None = None  # a drafter given its target's tokenizer: its folder under drafters_dir()
 
+
+TRANSPLANT_EXAONE = (
+    "vocabbridge transplant LGAI-EXAONE/EXAONE-4.0-1.2B --to LGAI-EXAONE/EXAONE-4.5-33B -o drafters/exaone-1.2b-4.5vocab"
+)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -68,7 +75,18 @@ PRESETS: dict[str, Preset] = {
             pairs_with="exaone-4.5-33b",
             vocab="exaone-4.0",
             params_b=1.28,
-            notes="102,400-token vocabulary: needs the bridged or text drafter for 4.5",
+            notes="102,400-token vocabulary: needs the bridged or text drafter for 4.5, or its transplant (exaone-1.2b-4.5vocab)",
+        ),
+        Preset(
+            "exaone-1.2b-4.5vocab",
+            "LGAI-EXAONE/EXAONE-4.0-1.2B",
+            "drafter",
+            pairs_with="exaone-4.5-33b",
+            vocab="exaone-4.5",
+            params_b=1.28 + 0.1,  # 51,200 more embedding rows (tied) than the 1.2B
+            transplanted="exaone-1.2b-4.5vocab",
+            notes="the 1.2B with EXAONE 4.5's tokenizer, a plain same-vocabulary drafter; make it once with "
+            f"`{TRANSPLANT_EXAONE}`",
         ),
         Preset(
             "qwen2.5-coder-1.5b",
@@ -108,6 +126,11 @@ def models_dir() -> Path | None:
     return Path(d).expanduser() if d else None
 
 
+def drafters_dir() -> Path:
+    """Where transplanted drafter presets live: ``$VOCABBRIDGE_DRAFTERS``, else ``./drafters``."""
+    return Path(os.environ.get("VOCABBRIDGE_DRAFTERS", "drafters")).expanduser()
+
+
 def models_dir_problem() -> str | None:
     """Why ``VOCABBRIDGE_MODELS`` cannot be used (it names no folder), or None (unset, or a folder)."""
     folder = models_dir()
@@ -137,6 +160,8 @@ def resolve_model(name: str, *, models_dir: Path | None | str = "env") -> str:
     if p is None:
         check_model_name(name)
         return name
+    if p.transplanted:  # the folder `vocabbridge transplant` writes (`vocabbridge presets` shows the command)
+        return str(drafters_dir() / p.transplanted)
     from_env = models_dir == "env"
     folder = globals()["models_dir"]() if from_env else (Path(models_dir) if models_dir else None)
     if p.gguf_file and folder is not None and (folder / p.gguf_file).is_file():
@@ -179,7 +204,8 @@ def default_target_for(drafter: str) -> str:
 
 
 def describe_presets() -> list[dict]:
-    """Every preset with what it resolves to here: a local GGUF file (``VOCABBRIDGE_MODELS``) or its hub id."""
+    """Every preset with what it resolves to here: a local GGUF file (``VOCABBRIDGE_MODELS``), a
+    transplanted drafter's folder, or its hub id."""
     out = []
     for p in PRESETS.values():
         where = resolve_model(p.name)
@@ -193,7 +219,7 @@ def describe_presets() -> list[dict]:
                 "has_mtp": p.has_mtp,
                 "gguf_file": p.gguf_file,
                 "resolves_to": where,
-                "local": where != p.hub_id,
+                "local": Path(where).exists(),
                 "notes": p.notes,
             }
         )
