@@ -11,8 +11,11 @@ The served model name is the target as the user gave it. The API key reaches vLL
 
 vLLM runs through ``python -m vocabbridge.vllm.entrypoint`` (see there: the CPU build's distribution
 name), in its own process group; we wait for ``/health``, forward SIGINT/SIGTERM, and leave no
-process of its group behind. On the CPU build, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) is set
-unless the user set it: vLLM's default reserves 92 % of memory and refuses to start when less is free.
+process of its group behind. What vLLM prints is echoed, but for the reference-leak reports its
+native extensions print at exit (nanobind's "leaked ... instances!", dozens of lines), which are
+counted, not shown; after a stop, one line says what was stopped. On the CPU build,
+``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) is set unless the user set it: vLLM's default reserves
+92 % of memory and refuses to start when less is free.
 
 >>> from vocabbridge.spec import EngineSpec
 >>> spec = EngineSpec(target="Qwen/Qwen2.5-Coder-1.5B-Instruct", drafter="ngram", num_speculative_tokens=3)
@@ -28,6 +31,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -301,13 +305,36 @@ def choose_backend(requested: str) -> tuple[str, str]:
 # ==== running =====================================================================================
 
 
+# What vLLM's processes print when they exit, and nothing else: nanobind's reference-leak reports
+# (triton's and xgrammar's extensions; ~40 lines after a Ctrl-C) and multiprocessing's resource tracker.
+SHUTDOWN_NOISE = re.compile(
+    r"^\s*(nanobind: (leaked \d+ [\w ]+!|this is likely caused by a reference counting issue)"
+    r"| - leaked (instance|type|function) | - \.\.\. skipped remainder"
+    r"|See https://nanobind\.readthedocs\.io/en/latest/refleaks\.html"
+    r"|.*resource_tracker: There appear to be \d+ leaked|warnings\.warn\('resource_tracker: There appear to be)"
+)
+
+
+def is_shutdown_noise(line: str) -> bool:
+    """A line of vLLM's exit-time leak reports (filtered from what we echo; errors never match).
+
+    >>> is_shutdown_noise("nanobind: leaked 42 instances!"), is_shutdown_noise(' - leaked type "triton._C.ir"')
+    (True, True)
+    >>> is_shutdown_noise("RuntimeError: Engine core initialization failed. See root cause above.")
+    False
+    """
+    return bool(SHUTDOWN_NOISE.match(line))
+
+
 class VllmServer:
-    """A running ``vllm serve``: its output streamed to ``echo`` line by line and the last lines
-    kept for error messages; :meth:`stop` ends it and everything it spawned."""
+    """A running ``vllm serve``: its output streamed to ``echo`` line by line (without the exit-time
+    leak reports: :func:`is_shutdown_noise`) and the last lines kept for error messages;
+    :meth:`stop` ends it and everything it spawned."""
 
     def __init__(self, cmd: VllmCommand, *, echo: Callable[[str], None] | None = None):
         self.cmd = cmd
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.noise = 0  # exit-time leak-report lines left out
         env = os.environ | cmd.env | {"PYTHONUNBUFFERED": "1"}
         # Its own process group: a terminal's Ctrl-C reaches us only, we forward it once, and at the
         # end the whole group (API server, engine core, workers) is checked for leftovers.
@@ -328,6 +355,9 @@ class VllmServer:
     def _read(self) -> None:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
+            if is_shutdown_noise(line):
+                self.noise += 1
+                continue
             self.tail.append(line)
             if self._echo is not None:
                 self._echo(line)
@@ -452,8 +482,12 @@ def run_vllm(
         if server.proc.poll() is None:
             server.stop()
         server.reap()
-    if stopping.is_set() and rc in (0, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL):
-        return 0
+    if stopping.is_set():
+        when = "while it served" if ready else "while it was starting"
+        noise = f"; {server.noise} lines of its exit-time leak reports left out" if server.noise else ""
+        say(f"stopped (vLLM {when}, {time.monotonic() - t0:.0f} s after its start; no process of its group is left{noise})")
+        if rc in (0, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL):
+            return 0
     return rc if rc >= 0 else 128 - rc
 
 
