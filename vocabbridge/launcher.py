@@ -180,17 +180,53 @@ def subprocess_server(
 
 
 def stop_process(proc: subprocess.Popen, *, grace: float = 30.0) -> int:
-    """SIGINT (a clean stop, as Ctrl-C), then SIGKILL after ``grace`` seconds; the exit status."""
+    """SIGINT (a clean stop, as Ctrl-C: `vocabbridge serve` stops what it started, vLLM included, in
+    seconds), then SIGKILL after ``grace`` seconds; the exit status. What it started and outlives it
+    (vLLM runs in a process group of its own) is killed, group by group: nothing is left running."""
+    started = _descendants(proc.pid)
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGINT)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
+            started |= _descendants(proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
+    alive = _processes()
+    for pid, group, start in started:
+        if alive.get(pid, (None, None, None))[1:] == (group, start) and group != os.getpgid(0):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)  # the very process (same start time) still runs: its group goes
     return proc.returncode
+
+
+def _processes() -> dict[int, tuple[int, int, int]]:
+    """pid → (parent, process group, start time) of every process (from /proc; empty elsewhere)."""
+    out = {}
+    proc = Path("/proc")
+    for entry in proc.iterdir() if (proc / "self" / "stat").exists() else ():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                out[int(entry.name)] = (int(fields[1]), int(fields[2]), int(fields[19]))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _descendants(pid: int) -> set[tuple[int, int, int]]:
+    """(pid, process group, start time) of every process under ``pid``."""
+    table = _processes()
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for child, (parent, group, start) in table.items():
+            if parent == p:
+                out.add((child, group, start))
+                todo.append(child)
+    return out
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from .common import (
     api_key_option,
     backend_option,
     drafter_methods,
+    interruptible,
     json_option,
     max_num_seqs_option,
     spec_options,
@@ -259,16 +260,25 @@ def bench_cmd(
         request_timeout=request_timeout,
         prefill_think=prefill_think,
     )
-    with _Progress() as progress:
-        if urls:
-            endpoints = [Endpoint(n, u) for n, u in zip(names or [base_url(u).split("://", 1)[1] for u in urls], urls)]
-            result = bench_urls(endpoints, prompts, settings, api_key=api_key, progress=progress)
-        else:
-            extra = ("--", *shlex.split(vllm_args)) if vllm_args else ()
-            ls = LaunchSettings(
-                spec, backend=backend, launch=launch, startup_timeout=startup_timeout, max_num_seqs=max_num_seqs, serve_args=extra
-            )
-            result = bench_launched(parse_drafters(drafters), ls, prompts, settings, progress=progress)
+    try:
+        with interruptible(), _Progress() as progress:
+            if urls:
+                endpoints = [Endpoint(n, u) for n, u in zip(names or [base_url(u).split("://", 1)[1] for u in urls], urls)]
+                result = bench_urls(endpoints, prompts, settings, api_key=api_key, progress=progress)
+            else:
+                extra = ("--", *shlex.split(vllm_args)) if vllm_args else ()
+                ls = LaunchSettings(
+                    spec,
+                    backend=backend,
+                    launch=launch,
+                    startup_timeout=startup_timeout,
+                    max_num_seqs=max_num_seqs,
+                    serve_args=extra,
+                )
+                result = bench_launched(parse_drafters(drafters), ls, prompts, settings, progress=progress)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the server being started or measured is stopped on the way out
+        click.echo("vocabbridge bench: interrupted; stopped, with every server it had started", err=True)
+        sys.exit(130)
     if out_dir is not None:
         written = write_outputs(result, out_dir, command=_command_line())
         click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)

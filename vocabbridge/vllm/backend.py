@@ -10,12 +10,13 @@ The served model name is the target as the user gave it. The API key reaches vLL
 ``VLLM_API_KEY``, never the command line.
 
 vLLM runs through ``python -m vocabbridge.vllm.entrypoint`` (see there: the CPU build's distribution
-name), in its own process group; we wait for ``/health``, forward SIGINT/SIGTERM, and leave no
-process of its group behind. What vLLM prints is echoed, but for the reference-leak reports its
-native extensions print at exit (nanobind's "leaked ... instances!", dozens of lines), which are
-counted, not shown; after a stop, one line says what was stopped. On the CPU build,
-``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) is set unless the user set it: vLLM's default reserves
-92 % of memory and refuses to start when less is free.
+name), in its own process group; we wait for ``/health`` and leave no process of its group behind.
+A stop (SIGINT, SIGTERM) in any phase ends it at once: while vLLM starts (its torch.compile warm-up
+ignores SIGINT for minutes) the whole group gets SIGTERM, then SIGKILL after a few seconds; once it
+serves, vLLM gets SIGINT (its clean shutdown). What vLLM prints is echoed, but for the reference-leak
+reports its native extensions print at exit (nanobind's "leaked ... instances!", dozens of lines),
+which are counted, not shown. On the CPU build, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) is set
+unless the user set it: vLLM's default reserves 92 % of memory and refuses to start when less is free.
 
 >>> from vocabbridge.spec import EngineSpec
 >>> spec = EngineSpec(target="Qwen/Qwen2.5-Coder-1.5B-Instruct", drafter="ngram", num_speculative_tokens=3)
@@ -399,9 +400,13 @@ class VllmServer:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signum)
 
-    def stop(self, *, grace: float = 60.0) -> int:
-        """SIGINT (vLLM's clean shutdown), then SIGKILL after ``grace`` seconds; no process of its group survives."""
-        self.signal(signal.SIGINT)
+    def stop(self, *, grace: float = 60.0, group: bool = False) -> int:
+        """SIGINT (vLLM's clean shutdown; ``group``: SIGTERM to its whole process group), then SIGKILL
+        after ``grace`` seconds; no process of its group survives."""
+        if group:
+            self.kill_group(signal.SIGTERM)
+        else:
+            self.signal(signal.SIGINT)
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
@@ -418,14 +423,33 @@ class VllmServer:
         """Wait for vLLM's engine and worker processes to exit (they are in its process group); kill stragglers."""
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
+            if not _group_running(self.proc.pid):
                 break
             time.sleep(0.2)
         else:
             self.kill_group(signal.SIGKILL)
         self._reader.join(5)
+
+
+def _group_running(pgid: int) -> bool:
+    """A process of group ``pgid`` still runs. Zombies do not count: where PID 1 does not reap the
+    orphans (a container), a killed worker stays a zombie and ``killpg(pgid, 0)`` keeps succeeding."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
 
 
 def health_url(host: str, port: int) -> str:
@@ -444,70 +468,110 @@ def run_vllm(
     startup_timeout: float | None = None,
 ) -> int:
     """Run ``cmd`` until it exits or a signal stops it; ``on_ready()`` once /health answers 200.
-    Returns vLLM's exit status, 0 after a stop we asked for."""
+    Returns vLLM's exit status, 0 after a stop we asked for (then one line says what was stopped).
+
+    SIGINT and SIGTERM stop it in every phase: while its files are made ready (a GGUF converted, a
+    map built), while it starts (its whole process group: SIGTERM at once, SIGKILL after
+    ``STARTUP_STOP_GRACE_S``) and while it serves (SIGINT, vLLM's clean shutdown; see :func:`_wait`);
+    a second signal kills its group at once."""
     info = inspect_vllm()
     if not info.installed or info.problems:
         raise VocabBridgeError(" ".join(info.problems))
-    prepare(cmd, say=say)
-    server = VllmServer(cmd, echo=echo)
-    stopping = threading.Event()
+    try:
+        with _signals_interrupt():
+            prepare(cmd, say=say)
+    except KeyboardInterrupt:
+        say("stopped before vLLM started (interrupted while its files were made ready; run again to go on)")
+        return 0
+    stopping, ready = threading.Event(), threading.Event()
+    box: list[VllmServer] = []
 
     def forward(signum, frame):
+        if not box:  # not started yet: it will not be
+            stopping.set()
+            return
         if stopping.is_set():  # a second Ctrl-C: end everything now
-            server.kill_group(signal.SIGKILL)
+            box[0].kill_group(signal.SIGKILL)
             return
         stopping.set()
-        server.signal(signal.SIGINT)
+        if ready.is_set():
+            box[0].signal(signal.SIGINT)  # vLLM's clean shutdown (open requests end)
+        else:  # starting: torch.compile's warm-up ignores SIGINT for minutes; the whole group, now
+            box[0].kill_group(signal.SIGTERM)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    t0 = time.monotonic()
     try:
+        server = VllmServer(cmd, echo=echo)
+        box.append(server)
+        if stopping.is_set():
+            server.kill_group(signal.SIGTERM)
         url = health_url(host, port)
-        t0 = time.monotonic()
         try:
-            ready = server.wait_ready(
+            up = server.wait_ready(
                 url, timeout=startup_timeout, stop=stopping, progress=lambda s: say(f"waiting for vLLM to start ({s:.0f} s)…")
             )
         except VocabBridgeError:
             server.stop()
             raise
-        if ready:
+        if up and not stopping.is_set():
+            ready.set()
             say(f"vLLM answered after {time.monotonic() - t0:.0f} s")
             on_ready()
         elif server.proc.poll() is not None and not stopping.is_set():
             say(f"vLLM exited with status {server.proc.returncode} before it was ready; its last lines:\n{server.last_lines()}")
-        rc = _wait(server, stopping, say)
+        rc = _wait(server, stopping, ready, say)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        if server.proc.poll() is None:
-            server.stop()
-        server.reap()
+        if box and box[0].proc.poll() is None:  # an exception above: end it as a stop would
+            if ready.is_set():
+                box[0].stop(grace=STOP_GRACE_S)
+            else:
+                box[0].stop(grace=STARTUP_STOP_GRACE_S, group=True)
+        if box:
+            box[0].reap(grace=10.0 if ready.is_set() else STARTUP_STOP_GRACE_S)
     if stopping.is_set():
-        when = "while it served" if ready else "while it was starting"
+        when = "while it served" if ready.is_set() else "while it was starting"
         noise = f"; {server.noise} lines of its exit-time leak reports left out" if server.noise else ""
         say(f"stopped (vLLM {when}, {time.monotonic() - t0:.0f} s after its start; no process of its group is left{noise})")
-        if rc in (0, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL):
+        if rc in (0, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGINT, 128 + signal.SIGTERM):
             return 0
     return rc if rc >= 0 else 128 - rc
 
 
-STOP_GRACE_S = 20.0  # after a forwarded Ctrl-C, how long vLLM may take before its processes are ended
+STOP_GRACE_S = 20.0  # after a forwarded Ctrl-C, how long a serving vLLM may take before its processes are ended
+STARTUP_STOP_GRACE_S = 5.0  # after the SIGTERM that stops a starting vLLM, how long before SIGKILL
 
 
-def _wait(server: VllmServer, stopping: threading.Event, say: Callable[[str], None]) -> int:
-    """vLLM's exit status. vLLM 0.32 waits for open connections to close after SIGINT/SIGTERM
-    (a streaming client can keep it alive for many minutes), so once a stop was asked for, its
-    process group gets SIGTERM after ``STOP_GRACE_S`` seconds and SIGKILL a few seconds later."""
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM interrupts like SIGINT (KeyboardInterrupt) while the block runs."""
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _wait(server: VllmServer, stopping: threading.Event, ready: threading.Event, say: Callable[[str], None]) -> int:
+    """vLLM's exit status. A stop while it starts: its group had SIGTERM, and gets SIGKILL after
+    ``STARTUP_STOP_GRACE_S``. A stop while it serves: vLLM 0.32 waits for open connections to close
+    after SIGINT (a streaming client can keep it alive for many minutes), so its process group gets
+    SIGTERM after ``STOP_GRACE_S`` seconds and SIGKILL a few seconds later."""
     asked, termed = None, False
     while True:
         try:
-            return server.proc.wait(timeout=0.5)
+            return server.proc.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
         if stopping.is_set():
             asked = asked or time.monotonic()
             waited = time.monotonic() - asked
-            if waited > STOP_GRACE_S + 10:
+            if not ready.is_set():
+                if waited > STARTUP_STOP_GRACE_S:
+                    server.kill_group(signal.SIGKILL)
+            elif waited > STOP_GRACE_S + 10:
                 server.kill_group(signal.SIGKILL)
             elif waited > STOP_GRACE_S and not termed:
                 say(f"vLLM has not stopped after {STOP_GRACE_S:.0f} s (open connections); ending its processes")
