@@ -120,6 +120,13 @@ def _tail(path: Path, n: int = 20) -> str:
     return "\n".join(lines[-n:]) or "(no output)"
 
 
+def _refusal(log: Path) -> str | None:
+    """The one-line error `vocabbridge serve` ended with (``Error: ...``), when that is how it ended."""
+    lines = _tail(log, 5).splitlines()
+    last = lines[-1] if lines else ""
+    return last[len("Error: ") :] if last.startswith("Error: ") else None
+
+
 def _healthy(url: str) -> bool:
 
     try:
@@ -150,6 +157,9 @@ def subprocess_server(
         deadline = t0 + ls.startup_timeout
         while not _healthy(url):
             if proc.poll() is not None:
+                refused = _refusal(log)
+                if refused:  # serve refused the configuration (a missing dependency, a bad option): that, alone
+                    raise LaunchError(f"{name}: {refused}")
                 raise LaunchError(
                     f"{name}: `vocabbridge serve` exited with status {proc.returncode} before it was ready; "
                     f"its last lines ({log}):\n{_tail(log)}"
