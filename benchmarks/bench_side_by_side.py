@@ -186,7 +186,8 @@ def main() -> None:
         dest="emb",
         default="auto",
         help="the embedded engine's variants, comma-separated: a target dtype (auto = fp32 on a CPU; int8 = the "
-        "batch-invariant int8 target) or llama.cpp (the engine on llama.cpp's kernels); a +cost suffix (llama.cpp+cost) "
+        "batch-invariant int8 target), llama.cpp (the engine on llama.cpp's kernels) or q4 (on our own 4-bit kernel, "
+        "--kernels q4); a +cost suffix (llama.cpp+cost) "
         "runs that variant with the cost-aware draft length",
     )
     ap.add_argument("--llama-python", help="a Python with llama-cpp-python[server] (its own venv)")
@@ -211,7 +212,7 @@ def main() -> None:
     e = tags[0]
     vl = "vllm" if args.vllm_dtype == "auto" else f"vllm-{DTYPE_TAGS.get(args.vllm_dtype, args.vllm_dtype)}"
     for (x, cost), e in zip(variants if "embedded" in engines else [], tags):
-        vspec = base.replace(kernels="llama.cpp") if x == "llama.cpp" else base.replace(dtype=x)
+        vspec = base.replace(kernels=x) if x in ("llama.cpp", "q4") else base.replace(dtype=x)
         vspec = vspec.replace(cost_aware=cost)
         emb = LaunchSettings(vspec, backend="embedded", launch="inprocess")
         plan.append(
@@ -289,7 +290,7 @@ def main() -> None:
         dataclasses.replace(settings, baseline=baseline if any(c.name == baseline for c in configs) else None),
         notes=[
             f"engines: {', '.join(tags)} = vocabbridge's engine (target {args.emb}: auto is fp32, int8 the batch-invariant int8 "
-            f"target, llama.cpp its llama.cpp kernels; int8 drafters on torch), {vl} = vLLM's CPU build "
+            f"target, llama.cpp its llama.cpp kernels, q4 our 4-bit kernel; int8 drafters on torch), {vl} = vLLM's CPU build "
             f"(dtype {args.vllm_dtype}; serve args {args.vllm_args!r}), llama = llama-cpp-python's server on the GGUF file itself",
         ],
     )

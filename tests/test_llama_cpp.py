@@ -16,6 +16,7 @@ from vocabbridge.engine import SamplingParams, SpecEngine, llama_cpp
 from vocabbridge.engine.factory import build_engine
 from vocabbridge.engine.invariant import probe_lone_rows
 from vocabbridge.engine.llama_cpp import MAX_ROWS, load_llama_cpp_lm, system_info
+from vocabbridge.engine.threads import probe_thread_counts
 from vocabbridge.errors import ConfigError, ModelLoadError, RequestError
 from vocabbridge.spec import EngineSpec
 
@@ -114,3 +115,48 @@ def test_every_drafter_is_token_identical_on_llama_cpp(smol, drafter, mode):  # 
     for p in PROMPTS:
         ids = built.target.view.encode(p)
         assert built.engine.generate(ids, params).tokens == plain.generate(ids, params).tokens, (drafter, mode, p)
+
+
+def test_set_threads_reaches_every_context_and_the_target_computes_alike_at_1_and_2_threads(gguf):
+    """What lets the thread governor (engine/threads.py) resize a llama.cpp target mid-generation:
+    ``set_threads`` reaches the pooled contexts, the ones in use and new ones, and with the bf16 KV
+    cache the probe's forwards (a 300-cell prompt, one-row steps, 2- and 7-row verifications) are
+    the same bits with one thread and two."""
+    lm = gguf[True]
+    L = llama_cpp._llama()
+    busy, pooled = lm.session(), lm.session()
+    del pooled
+    before = lm.threads
+    try:
+        lm.set_threads(1)
+        fresh = lm.session()
+        assert {L.llama_n_threads(c) for c in lm._contexts} == {1} and len(lm._contexts) >= 2
+        assert L.llama_n_threads(busy.ctx) == L.llama_n_threads(fresh.ctx) == 1
+        del busy, fresh
+        assert probe_thread_counts(lm, lm.set_threads, [1, 2], most=MAX_ROWS), system_info()
+    finally:
+        lm.set_threads(before)
+
+
+def test_speculation_on_llama_cpp_stays_plain_while_threads_change_at_every_forward(smol):  # noqa: F811
+    built = build_engine(EngineSpec(target=str(SMOL), drafter="ngram", kernels="llama.cpp"), loaded=smol)
+    lm = built.target
+
+    class Flip:  # the governor's hook, changing the count before every target forward
+        ticks = 0
+
+        def tick(self):
+            self.ticks += 1
+            lm.set_threads(1 + self.ticks % 2)
+
+    built.engine.threads = Flip()
+    params = SamplingParams(max_new_tokens=32)
+    before = lm.threads
+    try:
+        for p in PROMPTS:
+            ids = lm.view.encode(p) * 3  # repeated: the n-gram drafts get accepted
+            lm.set_threads(2)
+            assert built.engine.generate(ids, params).tokens == SpecEngine(lm).generate(ids, params).tokens, p
+        assert built.engine.threads.ticks > 10
+    finally:
+        lm.set_threads(before)

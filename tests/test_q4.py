@@ -20,7 +20,8 @@ import torch
 from vocabbridge.engine import q4
 from vocabbridge.engine.invariant import INVARIANT_ROWS, KEY_BLOCK, FusedPart
 
-from .test_invariant import _lm, _tiny, worst_difference
+from .test_invariant import QWEN05, _lm, _tiny, worst_difference
+from .test_real_models import PROMPTS, SMOL, need_model, smol  # noqa: F401  (the fixture)
 
 if not q4.available():
     if os.environ.get("VOCABBRIDGE_REQUIRE_Q4"):
@@ -188,3 +189,42 @@ def test_q4_target_close_to_the_float_model():
         a = ref(input_ids=x).logits[0].argmax(-1)
         b = model(input_ids=x).logits[0].argmax(-1)
     assert (a == b).float().mean() > 0.6
+
+
+# ==== the real model: every drafter gives the plain answer ======================================
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter, mode", [("ngram", "auto"), ("suffix", "auto"), ("qwen", "text")])
+def test_every_drafter_is_token_identical_on_the_q4_target(smol, drafter, mode):  # noqa: F811
+    """SmolLM2-135M (its Q4_1 GGUF: every linear quantized here) as the q4 target, through the
+    engine factory (--kernels q4): n-gram, suffix and a model drafter of another vocabulary."""
+    from vocabbridge.engine import SamplingParams, SpecEngine
+    from vocabbridge.engine.factory import build_engine
+    from vocabbridge.spec import EngineSpec
+
+    if drafter == "qwen":
+        need_model(QWEN05)
+    name = {"qwen": str(QWEN05)}.get(drafter, drafter)
+    spec = EngineSpec(target=str(SMOL), drafter=name, mode=mode, kernels="q4", num_speculative_tokens=4)
+    built = build_engine(spec, loaded=smol)
+    assert isinstance(built.target.model.lm_head, q4.Q4Linear) and built.path.kernels == "q4"
+    assert built.target.rows == INVARIANT_ROWS and built.target.min_rows in (1, INVARIANT_ROWS)
+    plain = SpecEngine(built.target)
+    params = SamplingParams(max_new_tokens=32)
+    for p in PROMPTS:
+        ids = built.target.view.encode(p)
+        assert built.engine.generate(ids, params).tokens == plain.generate(ids, params).tokens, (drafter, mode, p)
+
+
+@pytest.mark.slow
+def test_real_gguf_verification_equals_plain_rows_bit_for_bit():
+    """Qwen2.5-Coder-0.5B's GGUF (CI fetches it): its Q4_K tensors (half the ffn_down) repacked
+    exactly, the rest quantized; verification logits equal row-by-row logits past a key block."""
+    need_model(QWEN05)
+    lm = q4.load_q4_lm(str(QWEN05))
+    kinds = [type(m).__name__ for m in lm.model.modules()]
+    assert "Linear" not in kinds and kinds.count("Q4Linear") == 24 * 4 + 1
+    assert sum(m.exact for m in lm.model.modules() if isinstance(m, q4.Q4Linear)) == 12  # its Q4_K ffn_down
+    for k in (1, 4, 7):
+        assert worst_difference(lm, KEY_BLOCK + 20, k, steps=10, vocab=lm.vocab_size) == 0.0, k

@@ -268,10 +268,12 @@ class EngineSpec:
         "--kernels",
         "What the embedded engine runs the target on: auto (on a CPU, llama.cpp's kernels for a GGUF target where "
         "llama-cpp-python is installed, else torch's int8 invariant target; torch on a GPU), torch (transformers; "
-        "--dtype picks int8, float32 …), or llama.cpp (the GGUF files as they are, on llama.cpp's quantized CPU kernels; "
-        "pip install 'vocabbridge[llama]'). Every choice keeps speculative output identical to plain decoding.",
+        "--dtype picks int8, float32 …), llama.cpp (the GGUF files as they are, on llama.cpp's quantized CPU kernels; "
+        "pip install 'vocabbridge[llama]'), or q4 (our own 4-bit CPU matmul, compiled when vocabbridge is installed: a "
+        "GGUF's Q4_K tensors as they are, extra verification rows nearly free). Every choice keeps speculative output "
+        "identical to plain decoding.",
         kind="choice",
-        choices=("auto", "torch", "llama.cpp"),
+        choices=("auto", "torch", "llama.cpp", "q4"),
     )
 
     def __post_init__(self):

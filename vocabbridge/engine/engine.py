@@ -35,6 +35,7 @@ from .model import CausalLM, KVSession
 from .policies import AdaptiveK, BackOff, CostAware, RowCosts
 from .sampling import SamplingParams, logits_to_probs, sample
 from .stats import SpecStats
+from .threads import ThreadGovernor
 from .verify import verify
 
 PREFILL_CHUNK = 256  # prompt tokens per forward (EngineSpec.prefill_chunk): bounds how long one step keeps the engine busy
@@ -83,6 +84,7 @@ class SpecEngine:
         backoff: bool = True,
         cost_aware: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
+        threads: ThreadGovernor | None = None,
     ):
         if num_speculative_tokens < 1:
             raise RequestError(f"num_speculative_tokens must be ≥ 1, got {num_speculative_tokens}.")
@@ -95,6 +97,7 @@ class SpecEngine:
         self.cost_aware = cost_aware
         self.row_costs = RowCosts()  # the target's measured seconds per forward by rows, shared by requests
         self.prefill_chunk = prefill_chunk
+        self.threads = threads  # sizes the kernels' threads to the free cores (threads.py), looked at before each forward
         roles = target.view.roles
         self.eos_ids = frozenset(roles[r] for r in ("eos", "end_of_turn") if r in roles)
 
@@ -238,10 +241,12 @@ class SpecEngine:
         stats.target_forwards += 1  # the prefill counts as one target pass, however many chunks
         return logits
 
-    @staticmethod
-    def _extend(target: KVSession, tokens: list[int], keep: int, session: DraftSession) -> torch.Tensor:
+    def _extend(self, target: KVSession, tokens: list[int], keep: int, session: DraftSession) -> torch.Tensor:
         """One target forward ([keep, V] logits); a drafter that reads the target's hidden states (an
-        MTP head) gets those of the fed positions from the same forward: no extra target pass."""
+        MTP head) gets those of the fed positions from the same forward: no extra target pass. Before
+        it, the thread governor may resize the kernels' threads to the free cores (every ~1.5 s)."""
+        if self.threads is not None:
+            self.threads.tick()
         if not session.reads_hidden:
             return target.extend(tokens, keep=keep)
         start = len(target)

@@ -28,6 +28,7 @@ from .model import QUANTIZED, CausalLM, drafter_dtype_for, load_causal_lm, resol
 from .path import TargetPath, choose_path, is_gguf
 from .policies import row_cost_ratio
 from .static import STATIC_ROWS, static_lm
+from .threads import govern_threads
 
 __all__ = ["BuiltEngine", "EngineSpec", "build_engine", "drafter_dtype", "make_drafter"]
 
@@ -102,6 +103,12 @@ def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> di
     map checked against them. Returns the views read, by resolved source."""
     device = resolve_device(spec.device)
     llama = spec.kernels == "llama.cpp"
+    if spec.kernels == "q4":
+        if device != "cpu":
+            raise ConfigError(f"--kernels q4 runs on the CPU; drop --device {spec.device} or use --kernels torch.")
+        from . import q4
+
+        q4.require()  # built with vocabbridge, or a message saying how to build it
     if llama and device != "cpu":
         raise ConfigError(
             f"--kernels llama.cpp runs on the CPU (this build of it); drop --device {spec.device} or use --kernels torch."
@@ -115,8 +122,9 @@ def preflight(spec: EngineSpec, loaded: dict[str, CausalLM] | None = None) -> di
             f"--drafter {spec.drafter} runs the target's first layers alone (an early exit), which the llama.cpp kernels "
             "cannot; use --kernels torch (with --dtype int8 for the fast exact CPU target)."
         )
+    weights = "gguf" if llama else "float32" if spec.kernels == "q4" else spec.dtype  # q4 loads fp32 first, then packs
     check_fits(
-        [(spec.target_name, resolve_model(spec.target_name), "gguf" if llama else spec.dtype)]
+        [(spec.target_name, resolve_model(spec.target_name), weights)]
         + ([(spec.drafter, resolve_model(spec.drafter), "gguf" if llama else drafter_dtype(spec))] if spec.uses_model else []),
         device=device,
     )
@@ -153,6 +161,13 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
             if key not in loaded:
                 loaded[key] = load_llama_cpp_lm(src, tokenizer=views.get(src), invariant=target)
             return loaded[key]
+        if spec.kernels == "q4" and target:  # loaded in fp32, its linears then on the q4 kernel (engine/q4.py)
+            from .q4 import load_q4_lm
+
+            key = f"{src}@q4"
+            if key not in loaded:
+                loaded[key] = load_q4_lm(src, tokenizer=views.get(src))
+            return loaded[key]
         rows = INVARIANT_ROWS if target and dtype in QUANTIZED else None  # an int8 target: batch-invariant
         key = (src if dtype == spec.dtype else f"{src}@{dtype}") + (f"/rows={rows}" if rows else "")
         if path.device != "cpu":  # a GPU: the static cache and CUDA graphs, the target batch-invariant (static.py)
@@ -165,6 +180,8 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
     target = get(spec.target_name, spec.dtype, target=True)
     drafter_lm = get(spec.drafter, drafter_dtype(spec)) if spec.uses_model else None
     drafter, mode, notes = make_drafter(spec, target, drafter_lm)
+    threads, thread_notes = govern_threads(target, drafter_lm)  # sized to the free cores, where output cannot change
+    notes += thread_notes
     cost_aware, length_policy = draft_length_policy(spec, target)
     engine = SpecEngine(
         target,
@@ -174,6 +191,7 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
         backoff=spec.backoff,
         cost_aware=cost_aware,
         prefill_chunk=spec.prefill_chunk,
+        threads=threads,
     )
     if spec.drafter in PRESETS and PRESETS[spec.drafter].pairs_with and not spec.target:
         notes.append(f"target {spec.target_name} chosen by the drafter preset")

@@ -31,6 +31,11 @@ amortizes rows better. On a CPU with more cores per request it would pay more.
 Every session owns a llama.cpp context (its KV cache) taken from a per-model pool and returned,
 cleared, when the session is dropped, so a new request does not pay for allocating one.
 
+**Threads.** ``set_threads`` changes every context's thread count (:mod:`.threads` follows the free
+cores with it). Whether a target's logits depend on the count is measured at load
+(:func:`.threads.probe_thread_counts`): llama.cpp splits a matmul's output rows among the threads,
+each dot product whole, and with the bf16 KV cache a lone query's attention is not split either.
+
 >>> lm = load_llama_cpp_lm("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", invariant=True)  # doctest: +SKIP
 >>> s = lm.session(); s.extend([1, 2, 3], keep=1).shape  # doctest: +SKIP
 torch.Size([1, 151936])
@@ -116,6 +121,7 @@ class LlamaCppLM:
     dtype: str = "gguf"
     _model: object = field(default=None, repr=False)
     _pool: list = field(default_factory=list, repr=False)
+    _contexts: list = field(default_factory=list, repr=False)  # every context made, pooled or in use
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -132,6 +138,14 @@ class LlamaCppLM:
     def session(self) -> LlamaSession:
         return LlamaSession(self)
 
+    def set_threads(self, n: int) -> None:
+        """Run every forward from now on with ``n`` threads: the contexts made so far and new ones."""
+        L = _llama()
+        with self._lock:
+            self.threads = n
+            for ctx in self._contexts:
+                L.llama_set_n_threads(ctx, n, n)
+
     # ---- contexts: one per session, pooled -------------------------------------------------
 
     def _acquire(self):
@@ -143,14 +157,18 @@ class LlamaCppLM:
         cp.n_ctx = self.ctx_size
         cp.n_batch = cp.n_ubatch = BATCH
         cp.n_seq_max = 1
-        cp.n_threads = cp.n_threads_batch = self.threads
         cp.no_perf = True
         if self.invariant:
             cp.flash_attn_type = FLASH_ATTN_ON
             cp.type_k = cp.type_v = KV_BF16
-        ctx = L.llama_init_from_model(self._model, cp)
-        if not ctx:
-            raise ModelLoadError(f"{self.name}: llama.cpp could not create a context of {self.ctx_size} tokens (out of memory?).")
+        with self._lock:  # made under the lock: a thread count set meanwhile reaches it
+            cp.n_threads = cp.n_threads_batch = self.threads
+            ctx = L.llama_init_from_model(self._model, cp)
+            if not ctx:
+                raise ModelLoadError(
+                    f"{self.name}: llama.cpp could not create a context of {self.ctx_size} tokens (out of memory?)."
+                )
+            self._contexts.append(ctx)
         return ctx
 
     def _release(self, ctx) -> None:
@@ -283,7 +301,7 @@ def load_llama_cpp_lm(
         load_seconds=time.perf_counter() - t0,
         _model=model,
     )
-    weakref.finalize(lm, _free_model, model, lm._pool)
+    weakref.finalize(lm, _free_model, model, lm._pool, lm._contexts)
     if invariant:
         lm.min_rows = 1 if _probed(lm) else 2
     return lm
@@ -294,21 +312,26 @@ def _probed(lm: LlamaCppLM) -> bool:
     (:func:`.invariant.probe_lone_rows`), measured once per model file, llama.cpp build, CPU, thread
     count and context settings (:func:`.invariant.probe_cached`): ~3 s for SmolLM2-135M, ~10 s for
     the 1.5B on 2 cores."""
-    key = [
+    return probe_cached([*probe_key(lm), str(lm.threads)], lambda: probe_lone_rows(lm, most=MAX_ROWS))
+
+
+def probe_key(lm: LlamaCppLM) -> list[str]:
+    """What a load probe's answer on ``lm`` depends on, the thread count aside: the model file, the
+    llama.cpp build, the CPU and the context settings."""
+    return [
         "llama.cpp",
         files_fingerprint(str(lm.path)),
         _llama().__version__,
         system_info(),
         cpu_name(),
-        str(lm.threads),
         f"kv {KV_BF16} fa {FLASH_ATTN_ON} rows {MAX_ROWS} cells {PROBE_CELLS}",  # what the probe ran with
     ]
-    return probe_cached(key, lambda: probe_lone_rows(lm, most=MAX_ROWS))
 
 
-def _free_model(model, pool: list) -> None:
+def _free_model(model, pool: list, contexts: list) -> None:
     L = _llama()
     for ctx in pool:
         L.llama_free(ctx)
     pool.clear()
+    contexts.clear()
     L.llama_model_free(model)

@@ -29,19 +29,21 @@ LLAMA_INSTALL = "pip install 'vocabbridge[llama]'"
 
 @dataclass(frozen=True)
 class TargetPath:
-    kernels: str  # torch | llama.cpp | what --kernels names
-    dtype: str  # the target's dtype: int8 (invariant), float32, bfloat16 …; "gguf" on llama.cpp's kernels
+    kernels: str  # torch | llama.cpp | q4 | what --kernels names
+    dtype: str  # the target's dtype: int8 (invariant), float32, bfloat16 …; "gguf" on llama.cpp's kernels, "q4" on ours
     device: str
     why: str
 
     def apply(self, spec: EngineSpec) -> EngineSpec:
         """``spec`` with the chosen kernels and dtype in place of auto."""
-        return spec.replace(kernels=self.kernels, dtype=spec.dtype if self.kernels == "llama.cpp" else self.dtype)
+        return spec.replace(kernels=self.kernels, dtype=spec.dtype if self.kernels in ("llama.cpp", "q4") else self.dtype)
 
     def label(self) -> str:
         """``llama.cpp kernels (GGUF as is)``, ``torch int8 (invariant)``, ``torch bfloat16 on cuda`` …"""
         if self.kernels == "llama.cpp":
             return "llama.cpp kernels (the GGUF as it is)"
+        if self.kernels == "q4":
+            return "q4 kernels (4-bit, batch-invariant)"
         if self.device != "cpu":
             return f"{self.kernels} {self.dtype} on {self.device} (static cache, CUDA graphs, batch-invariant)"
         return f"{self.kernels} {self.dtype}{' (batch-invariant)' if self.dtype == 'int8' else ''}"
@@ -63,9 +65,8 @@ def choose_path(spec: EngineSpec, *, device: str) -> TargetPath:
     """The target path for ``spec`` on ``device`` (already resolved: cpu, cuda, cuda:1 …)."""
     if spec.kernels != "auto":
         dtype = spec.dtype if spec.dtype != "auto" else _auto_dtype(device)
-        return TargetPath(
-            spec.kernels, "gguf" if spec.kernels == "llama.cpp" else dtype, device, f"--kernels {spec.kernels} asked for"
-        )
+        own = {"llama.cpp": "gguf", "q4": "q4"}.get(spec.kernels, dtype)
+        return TargetPath(spec.kernels, own, device, f"--kernels {spec.kernels} asked for")
     if device != "cpu":
         dtype = spec.dtype if spec.dtype != "auto" else "bfloat16"
         return TargetPath("torch", dtype, device, f"a GPU ({device}): torch in {dtype}")

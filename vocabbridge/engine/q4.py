@@ -47,7 +47,7 @@ except ImportError as e:  # built without a C compiler, or a checkout never inst
     _ext = None
     BUILD_ERROR = str(e)
 
-FORMAT = "1"  # bump when the packed layout or the quantizer changes (the cache key holds it)
+FORMAT = "2"  # bump when the packed layout or the quantizer changes (the cache key holds it)
 INSTALL_HINT = (
     "--kernels q4 needs vocabbridge's compiled extension vocabbridge._q4 (csrc/q4/q4.c), which pip builds with the "
     "system's C compiler when it installs vocabbridge; it was not built here. Install a C compiler and Python's headers "
@@ -208,9 +208,10 @@ class Q4Linear(torch.nn.Module):
     True
     """
 
-    def __init__(self, weight: Q4Matrix, bias: torch.Tensor | None = None):
+    def __init__(self, weight: Q4Matrix, bias: torch.Tensor | None = None, *, exact: int = 0):
         super().__init__()
         self.packed = weight
+        self.exact = exact  # how many of the linears stacked here are a GGUF's Q4_K bytes as they are
         self.in_features, self.out_features = weight.in_features, weight.out_features
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
 
@@ -319,21 +320,23 @@ def quantize_model(model: torch.nn.Module, *, gguf: Path | None = None, cache: P
             if e is None or e["shape"] != [N, K]:
                 raise ValueError(f"q4 cache {cache}: no matrix {key} of {N} x {K}; delete the folder to rebuild it")
             mat = Q4Matrix(blob[e["offset"] : e["offset"] + e["bytes"]], N, K, blob)
+            exact = e.get("exact", 0)
             counts["cached"] += len(group)
         else:
-            parts = []
+            parts, exact = [], 0
             for n, lin in zip(group, lins):
                 m = _exact_q4k(reader, f"{names[id(parent)]}.{n}".lstrip("."), lin.weight)
                 counts["exact" if m is not None else "quantized"] += 1
                 parts.append(m if m is not None else Q4Matrix.from_float(lin.weight.data))
+                exact += m is not None
             mat = parts[0] if len(parts) == 1 else Q4Matrix.concat(parts)
-            entries.append((key, N, K, offset, mat.data.numel()))
+            entries.append((key, N, K, offset, mat.data.numel(), exact))
             pieces.append(mat)
             offset += (mat.data.numel() + 63) // 64 * 64
         bias = None
         if any(x.bias is not None for x in lins):
             bias = torch.cat([x.bias.data.float() if x.bias is not None else torch.zeros(x.out_features) for x in lins])
-        fused = Q4Linear(mat, bias)
+        fused = Q4Linear(mat, bias, exact=exact)
         if len(group) == 1:
             setattr(parent, group[0], fused)
         else:
@@ -365,11 +368,11 @@ def _write_cache(folder: Path, entries, pieces, total: int) -> None:
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         with open(tmp / "weights.bin", "wb") as f:
-            for (_, _, _, offset, _), mat in zip(entries, pieces):
+            for (_, _, _, offset, _, _), mat in zip(entries, pieces):
                 f.seek(offset)
                 f.write(memoryview(mat.data.numpy()))
             f.truncate(total)
-        matrices = {k: {"shape": [N, K], "offset": o, "bytes": b} for k, N, K, o, b in entries}
+        matrices = {k: {"shape": [N, K], "offset": o, "bytes": b, "exact": x} for k, N, K, o, b, x in entries}
         (tmp / "index.json").write_text(json.dumps({"format": FORMAT, "bytes": total, "matrices": matrices}))
         if _read_cache(folder) is None:
             shutil.rmtree(folder, ignore_errors=True)
