@@ -1,7 +1,9 @@
 """Drafters side by side in our engine on one target, in one process, on whatever device it runs:
 plain decoding first, then each drafter on the same prompts, greedy; tokens/s, the speed-up over
-plain in the same run, acceptance, accepted tokens per target forward, and whether every answer is
-token-identical to plain. The GPU run of issues 27/31 (an H200) and CPU runs use the same script.
+plain in the same run, acceptance (overall and per draft position), accepted tokens per target
+forward, the drafter's time per draft step (and its forwards per step: a chained head runs once per
+draft token, a P-EAGLE head once per step), and whether every answer is token-identical to plain.
+The GPU run of issues 27/31 (an H200) and CPU runs use the same script.
 
     python benchmarks/bench_engine_drafters.py --target qwen2.5-coder-1.5b --device cuda \\
         --drafters none,ngram,suffix,smollm2-135m:text,smollm2-135m:ngram+text,mtp:heads/q15-mtp \\
@@ -36,7 +38,8 @@ def run(built, prompts, max_tokens: int) -> dict:
     ids = [chat_prompt_ids(view, list(p.messages)) for p in prompts]
     engine.generate(ids[0], SamplingParams(max_new_tokens=8))  # warm-up: graphs, caches, allocations
     answers, tokens, seconds = [], 0, 0.0
-    stats = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "target_forwards": 0}
+    stats = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "target_forwards": 0, "drafter_forwards": 0, "time_draft": 0.0}
+    per_pos: list[int] = []
     for x in ids:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -52,7 +55,11 @@ def run(built, prompts, max_tokens: int) -> dict:
         stats["draft_tokens"] += s.draft_tokens
         stats["accepted"] += s.accepted
         stats["target_forwards"] += s.target_forwards
-    return {"answers": answers, "tokens": tokens, "seconds": seconds, **stats}
+        stats["drafter_forwards"] += s.drafter_forwards
+        stats["time_draft"] += s.time_draft
+        per_pos += [0] * (len(s.accepted_per_pos) - len(per_pos))
+        per_pos = [a + b for a, b in zip(per_pos, s.accepted_per_pos + [0] * len(per_pos))]
+    return {"answers": answers, "tokens": tokens, "seconds": seconds, "accepted_per_pos": per_pos, **stats}
 
 
 def main() -> None:
@@ -63,6 +70,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--kernels", default="auto", help="as the CLI's --kernels (auto, torch, llama.cpp, …)")
     ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--fixed-k", action="store_true", help="draft k every step (no cost-aware draft length)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-ids", default="ko-chat,en-chat,code-review,doc-summary,code-gen")
     ap.add_argument("--out", type=Path)
@@ -81,6 +89,7 @@ def main() -> None:
             dtype=args.dtype,
             kernels=args.kernels,
             num_speculative_tokens=args.k,
+            **({"cost_aware": False} if args.fixed_k else {}),
         )
         t0 = time.perf_counter()
         built = build_engine(spec, loaded=loaded)
@@ -94,9 +103,22 @@ def main() -> None:
         acc = r["accepted"] / r["draft_tokens"] if r["draft_tokens"] else float("nan")
         per_fwd = r["tokens"] / r["target_forwards"] if r["target_forwards"] else float("nan")
         mal = 1 + r["accepted"] / r["drafts"] if r["drafts"] else float("nan")
-        results[d.name] |= {"tokens_per_s": tps, "identical": same, "of": len(prompts)}
+        # acceptance at draft position j: drafts whose tokens 1 … j were all accepted, of all drafts
+        by_pos = [a / r["drafts"] for a in r["accepted_per_pos"]] if r["drafts"] else []
+        ms_step = 1000 * r["time_draft"] / r["drafts"] if r["drafts"] else float("nan")
+        fwd_step = r["drafter_forwards"] / r["drafts"] if r["drafts"] and r["drafter_forwards"] else float("nan")
+        results[d.name] |= {
+            "tokens_per_s": tps,
+            "identical": same,
+            "of": len(prompts),
+            "acceptance_per_position": by_pos,
+            "draft_ms_per_step": ms_step,
+            "drafter_forwards_per_step": fwd_step,
+        }
+        pos = " / ".join(f"{a:.0%}" for a in by_pos) or "–"
         rows.append(
-            f"| {d.name} | {tps:.1f} | ×{tps / plain[1]:.2f} | {acc:.1%} | {mal:.2f} | {per_fwd:.2f} | {same}/{len(prompts)} |"
+            f"| {d.name} | {tps:.1f} | ×{tps / plain[1]:.2f} | {acc:.1%} | {pos} | {mal:.2f} | {per_fwd:.2f} | "
+            f"{ms_step:.1f} | {fwd_step:.2f} | {same}/{len(prompts)} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else platform.processor() or "CPU"
@@ -105,8 +127,9 @@ def main() -> None:
         f"{args.max_tokens} tokens, prompts {args.prompt_ids}; torch {torch.__version__}; each row's draft length "
         "policy in the JSON (path.draft_length).",
         "",
-        "| drafter | tok/s | × plain | acceptance | mean acceptance length | tokens per target forward | identical to plain |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| drafter | tok/s | × plain | acceptance | acceptance per position | mean acceptance length | tokens per target "
+        "forward | draft ms per step | drafter forwards per step | identical to plain |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     text = "\n".join(head + rows) + "\n"
     print(text)

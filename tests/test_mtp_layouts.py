@@ -15,6 +15,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     Exaone4Config,
     Exaone4ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3_5ForCausalLM,
     Qwen3_5TextConfig,
 )
@@ -30,54 +32,52 @@ from vocabbridge.training.export import export_for_vllm, mimo_state
 from vocabbridge.training.train import Recipe, train_head
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512)
+LAYOUT_OF = {"deepseek": "deepseek", "mtp-exaone": "mtp", "mtp-qwen3.5": "mtp", "mimo": "mimo"}
 
 
-def _configs(vocab: int) -> dict:
+def _configs(vocab: int, **size) -> dict:
+    """(model class, config) per checkpoint kind; ``size`` overrides any config field."""
+
+    def kw(**fields) -> dict:
+        return {"vocab_size": vocab, **SMALL, "tie_word_embeddings": False, **fields} | size
+
     return {
         "deepseek": (
             DeepseekV3ForCausalLM,
             DeepseekV3Config(
-                vocab_size=vocab,
-                **SMALL,
-                num_key_value_heads=4,
-                moe_intermediate_size=32,
-                n_routed_experts=4,
-                n_shared_experts=1,
-                num_experts_per_tok=2,
-                n_group=1,
-                topk_group=1,
-                first_k_dense_replace=1,
-                q_lora_rank=None,
-                kv_lora_rank=16,
-                qk_nope_head_dim=8,
-                qk_rope_head_dim=8,
-                v_head_dim=8,
-                num_nextn_predict_layers=1,
-                tie_word_embeddings=False,
+                **kw(
+                    num_key_value_heads=4,
+                    moe_intermediate_size=32,
+                    n_routed_experts=4,
+                    n_shared_experts=1,
+                    num_experts_per_tok=2,
+                    n_group=1,
+                    topk_group=1,
+                    first_k_dense_replace=1,
+                    q_lora_rank=None,
+                    kv_lora_rank=16,
+                    qk_nope_head_dim=8,
+                    qk_rope_head_dim=8,
+                    v_head_dim=8,
+                    num_nextn_predict_layers=1,
+                )
             ),
         ),
         "mtp-exaone": (
             Exaone4ForCausalLM,
-            Exaone4Config(
-                vocab_size=vocab,
-                **SMALL,
-                num_key_value_heads=2,
-                layer_types=["sliding_attention", "full_attention"],
-                sliding_window=64,
-                tie_word_embeddings=False,
-            ),
+            Exaone4Config(**kw(num_key_value_heads=2, layer_types=["sliding_attention", "full_attention"], sliding_window=64)),
         ),
         "mtp-qwen3.5": (
             Qwen3_5ForCausalLM,
             Qwen3_5TextConfig(
-                vocab_size=vocab,
-                **SMALL,
-                num_key_value_heads=2,
-                head_dim=16,
-                layer_types=["full_attention", "full_attention"],
-                mtp_num_hidden_layers=1,
-                tie_word_embeddings=False,
+                **kw(
+                    num_key_value_heads=2, head_dim=16, layer_types=["full_attention", "full_attention"], mtp_num_hidden_layers=1
+                )
             ),
+        ),
+        "mimo": (  # MiMo: a Qwen2 model whose checkpoint carries model.mtp_layers.0.* (vLLM's MiMoForCausalLM)
+            Qwen2ForCausalLM,
+            Qwen2Config(**kw(num_key_value_heads=2)),
         ),
     }
 
@@ -97,6 +97,8 @@ def _unfused(key: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def checkpoint_names(state: dict[str, torch.Tensor], layout: str, num_layers: int) -> dict[str, torch.Tensor]:
     """A head's tensors under a real checkpoint's names (what vLLM's loaders read)."""
+    if layout == "mimo":
+        return mimo_state(state, hidden_size=state["eh_proj.weight"].shape[0])
     if layout == "deepseek":
         prefix, own = (
             f"model.layers.{num_layers}.",
@@ -116,12 +118,11 @@ def checkpoint_names(state: dict[str, torch.Tensor], layout: str, num_layers: in
     return out
 
 
-@pytest.fixture(scope="module", params=["deepseek", "mtp-exaone", "mtp-qwen3.5"])
-def checkpoint(request, tok_dirs, base_view, tmp_path_factory):
-    """A tiny target folder with MTP weights in a real layout, and the head those weights make."""
-    name = request.param
-    layout = name.split("-")[0]
-    cls, cfg = _configs(base_view.size)[name]
+def write_checkpoint(name: str, folder, tok_dir, vocab: int, **size) -> dict:
+    """A tiny target folder with random MTP weights in a real layout (``name``: a key of _configs),
+    its tokenizer beside it; the head those weights make."""
+    layout = LAYOUT_OF[name]
+    cls, cfg = _configs(vocab, **size)[name]
     torch.manual_seed(0)
     model = cls(cfg).eval()
     with torch.no_grad():
@@ -131,10 +132,13 @@ def checkpoint(request, tok_dirs, base_view, tmp_path_factory):
     with torch.no_grad():
         for p in head.parameters():
             p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.ndim == 1 and "norm" in str(p.shape) else 0.0))
-    folder = tmp_path_factory.mktemp(name)
     model.save_pretrained(str(folder))
-    for f in tok_dirs["base"].iterdir():
+    for f in tok_dir.iterdir():
         shutil.copy(f, folder / f.name)
+    if layout == "mimo":  # save_pretrained names the class it saved; MiMo's config names its own
+        config = json.loads((folder / "config.json").read_text())
+        config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
     names = checkpoint_names(head.state_dict(), layout, parts.num_layers)
     extra = {"model.embed_tokens.weight": model.get_input_embeddings().weight.detach().clone()}  # shared copies are skipped
     if layout == "deepseek":
@@ -144,6 +148,12 @@ def checkpoint(request, tok_dirs, base_view, tmp_path_factory):
         extra[f"model.layers.{parts.num_layers}.shared_head.head.weight"] = model.lm_head.weight.detach().clone()
     save_file({k: v.contiguous() for k, v in (names | extra).items()}, str(folder / "mtp.safetensors"))
     return {"name": name, "layout": layout, "folder": folder, "state": head.state_dict(), "num_layers": parts.num_layers}
+
+
+@pytest.fixture(scope="module", params=["deepseek", "mtp-exaone", "mtp-qwen3.5", "mimo"])
+def checkpoint(request, tok_dirs, base_view, tmp_path_factory):
+    """A tiny target folder with MTP weights in a real layout, and the head those weights make."""
+    return write_checkpoint(request.param, tmp_path_factory.mktemp(request.param), tok_dirs["base"], base_view.size)
 
 
 def test_the_layout_is_recognised_and_only_mtp_tensors_are_read(checkpoint):

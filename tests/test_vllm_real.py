@@ -351,6 +351,29 @@ def test_an_eagle3_head_serves_in_vllm_as_its_eagle3_method_and_accepts_what_our
     assert abs(c["num_accepted_tokens"] - accepted) <= max(2, 0.1 * accepted), (c, accepted, drafts)
 
 
+@pytest.fixture(scope="module")
+def qwen_peagle(tmp_path_factory):
+    """A P-EAGLE head for the 0.5B target (three parallel tokens, 4,096 draft rows), small budget."""
+    from vocabbridge.training.train import Recipe, train_head
+
+    folder = tmp_path_factory.mktemp("head") / "q05-peagle"
+    recipe = Recipe(arch="peagle", max_prompts=8, new_tokens=24, epochs=1, draft_vocab=4096, eval_k=3, parallel_tokens=3)
+    train_head(str(QWEN), folder, recipe, quiet=True, say=lambda m: None)
+    return folder
+
+
+def test_a_peagle_head_serves_in_vllm_with_parallel_drafting(plain, qwen_peagle):
+    """vLLM's eagle3 method with parallel_drafting on reads our export (the mask position's hidden
+    state and token): greedy output identical to no speculation, drafts counted."""
+    with vllm_serve("--drafter", f"mtp:{qwen_peagle}", "-k", "3") as (url, lines):
+        assert greedy(url) == plain
+        c = spec_counters(url)
+    assert c["num_drafts"] and c["num_draft_tokens"] == 3 * c["num_drafts"], c
+    cmd = next(line for line in lines if "--speculative-config" in line)
+    assert '"parallel_drafting":true' in cmd, cmd
+    assert any("exporting the head" in line and "drafting in parallel" in line for line in lines)
+
+
 def _descendants(pid: int) -> list[tuple[int, int, str]]:
     """(pid, process group, command line) of every live process under ``pid``."""
     table = {}

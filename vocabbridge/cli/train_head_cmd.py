@@ -9,9 +9,10 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError
+from ..heads import head_from_checkpoint
 from ..report import Section, fmt_int, fmt_pct, print_sections, to_json
 from ..training.export import export_for_vllm
-from ..training.train import Recipe, train_heads
+from ..training.train import ARCHS, Recipe, train_heads
 from .common import OUTPUT_DIR, json_option
 
 _DEFAULTS = Recipe()
@@ -28,9 +29,9 @@ def _layers(value: str | None) -> tuple[int, ...] | None:
 
 def _archs(value: str) -> tuple[str, ...]:
     archs = tuple(a.strip() for a in value.split(",") if a.strip())
-    bad = [a for a in archs if a not in ("mtp", "eagle3")]
+    bad = [a for a in archs if a not in ARCHS]
     if bad or not archs or len(set(archs)) < len(archs):
-        raise click.BadParameter(f"{value!r}: give mtp, eagle3 or eagle3,mtp.")
+        raise click.BadParameter(f"{value!r}: give one or more of {', '.join(ARCHS)}, e.g. eagle3,peagle or eagle3,mtp.")
     return archs
 
 
@@ -82,21 +83,31 @@ def _opt(name: str, help: str, **kw):
     show_default=True,
     callback=lambda ctx, param, value: _archs(value),
     help="The head: mtp (DeepSeek-V3's MTP module on the target's final hidden state; vLLM serves it in MiMo's MTP "
-    "layout over the whole vocabulary) or eagle3 (vLLM's EAGLE-3 layer over the streams entering three target "
-    "layers; vLLM serves it as is, drafting over its draft vocabulary); eagle3,mtp trains both from one generation.",
+    "layout over the whole vocabulary), eagle3 (vLLM's EAGLE-3 layer over the streams entering three target "
+    "layers; vLLM serves it as is, drafting over its draft vocabulary) or peagle (P-EAGLE: EAGLE-3's layer with a "
+    "learned mask position, proposing all its draft tokens in one forward; vLLM serves it with parallel_drafting); "
+    "several, comma-separated (eagle3,peagle; eagle3,mtp), train from one generation of data.",
 )
 @click.option(
     "--aux-layers",
     callback=lambda ctx, param, value: _layers(value),
     metavar="I,J,K",
-    help="eagle3: the target layers whose input streams it reads (the layer count: the final norm's input). "
+    help="eagle3, peagle: the target layers whose input streams it reads (the layer count: the final norm's input). "
     "Default: the middle layer, three before the end, and the end.",
+)
+@_opt(
+    "parallel_tokens",
+    "peagle: the draft tokens its one forward proposes (k − 1 mask positions after the real one), trained over all "
+    "of them; the engine drafts no more than that.",
+    type=click.IntRange(1, 16),
 )
 @_opt(
     "init",
     "The start: least-squares (eh_proj or fc, then down_proj: the best linear predictors of the target's next "
-    "hidden state, fit to the data) or identity (the head starts by repeating h_t).",
-    type=click.Choice(["least-squares", "identity"]),
+    "hidden state, fit to the data), identity (the head starts by repeating h_t) or checkpoint (--arch mtp: the "
+    "target's own MTP head, DeepSeek-V3, EXAONE 4.5 / Qwen3.5 or MiMo layout, retrained over the whole vocabulary; "
+    "--export-vllm writes it back in the target's own layout for vLLM's native mtp).",
+    type=click.Choice(["least-squares", "identity", "checkpoint"]),
 )
 @_opt("depth", "Chained draft steps trained (the head re-runs on its own output).", type=click.IntRange(1, 8))
 @_opt("epochs", "Passes over the training data.", type=click.IntRange(1))
@@ -128,7 +139,10 @@ def _opt(name: str, help: str, **kw):
 @_opt("device", "auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …", type=str)
 @click.option("--restart", is_flag=True, help="Discard the training checkpoint (the generated data is kept).")
 @click.option(
-    "--export-vllm", is_flag=True, help="Also write the head for vLLM (OUTPUT/vllm: EAGLE-3's layout, or MiMo's MTP layout)."
+    "--export-vllm",
+    is_flag=True,
+    help="Also write the head for vLLM (OUTPUT/vllm: EAGLE-3's layout, MiMo's MTP layout, or with --init checkpoint "
+    "the target's own checkpoint with only its MTP tensors replaced: its weight files linked, not copied).",
 )
 @json_option("Print the result as JSON.")
 def train_head_cmd(target, outputs, archs, prompts, data_dir, restart, export_vllm, as_json, **recipe):
@@ -137,16 +151,19 @@ def train_head_cmd(target, outputs, archs, prompts, data_dir, restart, export_vl
     --arch mtp (default): DeepSeek-V3's MTP module: the target's last hidden state and the next
     token's embedding, normalized, concatenated, projected, one decoder layer of the target's own
     architecture, the target's lm_head. --arch eagle3: vLLM's EAGLE-3 layer over the streams
-    entering three of the target's layers, with the draft vocabulary's own lm_head rows. Either
-    drafts with --drafter mtp:OUTPUT. Generated data and checkpoints live in OUTPUT/train; running
-    the same command again resumes.
+    entering three of the target's layers, with the draft vocabulary's own lm_head rows. --arch
+    peagle: the same layer with a learned mask position, proposing --parallel-tokens draft tokens in
+    one forward (P-EAGLE). Each drafts with --drafter mtp:OUTPUT. Generated data and checkpoints
+    live in OUTPUT/train; running the same command again resumes.
 
     \b
     Examples:
       vocabbridge train-head --target qwen2.5-coder-1.5b -o heads/qwen2.5-coder-1.5b --budget-minutes 45
       vocabbridge generate --target qwen2.5-coder-1.5b --drafter mtp:heads/qwen2.5-coder-1.5b -k 3 -p "Hi" --compare-plain
       vocabbridge train-head --target qwen2.5-coder-1.5b --arch eagle3 -o heads/q15-eagle3 --budget-minutes 45
+      vocabbridge train-head --target smollm2-135m --arch eagle3,peagle -o heads/s-eagle3 -o heads/s-peagle
       vocabbridge train-head --target smollm2-135m -o heads/smollm2 --max-prompts 40 --epochs 2 --export-vllm
+      vocabbridge train-head --target models/MiMo-7B-RL --init checkpoint -o heads/mimo-own --export-vllm
 
     \b
     At scale, on a GPU (the data stay on the machine that trains; two heads from one generation):
@@ -202,7 +219,12 @@ def _report(result, output: Path, r: Recipe, export_vllm: bool, as_json: bool) -
         f"wrote {output}/head.safetensors, config.json; curves in {output}/train/loss.png, acceptance.png",
         f"draft with it: --drafter mtp:{output}",
     ]
-    if spec and spec["method"] == "mtp":
+    if spec and spec["method"] == "mtp" and head_from_checkpoint(output):
+        notes.append(
+            f"vLLM (the target's own MTP layout): --speculative-config '{json.dumps(spec, separators=(',', ':'))}' "
+            "(vocabbridge serve --backend vllm --drafter mtp:HEAD writes it)"
+        )
+    elif spec and spec["method"] == "mtp":
         notes.append(
             f"vLLM: --speculative-config '{json.dumps(spec, separators=(',', ':'))}' --hf-overrides "
             "'{\"num_nextn_predict_layers\":1}' (vocabbridge serve --backend vllm --drafter mtp:HEAD writes both)"

@@ -126,7 +126,7 @@ class Eagle3Head(DraftHead):
         self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, *, cache=None, mask=None
     ) -> torch.Tensor:
         lay = self.layer
-        e = self.parts.embed(tokens).to(hidden.dtype)
+        e = self.embed(tokens).to(hidden.dtype)
         x = torch.cat([lay.input_layernorm(e), self.hidden_norm(hidden)], dim=-1)  # [B, S, 2d]
         rope = self.parts.rotary(hidden, positions)
         attn = lay.self_attn(
@@ -138,6 +138,10 @@ class Eagle3Head(DraftHead):
         )
         r = hidden + (attn[0] if isinstance(attn, tuple) else attn)
         return r + lay.mlp(lay.post_attention_layernorm(r))
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embeddings the layer reads for ``tokens`` (the target's; P-EAGLE adds its mask token)."""
+        return self.parts.embed(tokens)
 
     def final_hidden(self, state: torch.Tensor) -> torch.Tensor:
         return self.norm(state)

@@ -23,6 +23,7 @@ layer is read: vLLM runs the same layer for every draft position when a checkpoi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -33,6 +34,10 @@ from ..errors import ModelLoadError
 from .draft_head import MTPHead, TargetParts
 
 LAYOUTS = ("deepseek", "mtp", "mimo")
+KNOWN = (
+    "DeepSeek-V3 (model.layers.L.eh_proj ...), EXAONE 4.5 / Qwen3.5 (mtp.fc ...), "
+    "MiMo (model.mtp_layers.0.input_proj ...)"
+)  # the layouts read, as an error message names them
 
 
 def layout_of(keys, *, num_layers: int) -> str | None:
@@ -179,3 +184,45 @@ def head_from_weights(parts: TargetParts, layout: str, weights: dict[str, torch.
         )
     head.load_state_dict({k: v.to(want[k].dtype) for k, v in weights.items()})
     return head
+
+
+# ==== writing a head back under a checkpoint's names =================================================
+
+_PER_EXPERT = re.compile(r"^(?P<base>.*experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
+
+
+def checkpoint_tensors(names, state: dict[str, torch.Tensor], layout: str, *, num_layers: int) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`read_mtp_weights` and :func:`head_from_weights`: for each of a
+    checkpoint's tensor ``names`` that holds a head weight, that weight taken from ``state`` (an
+    MTPHead's state dict) in the checkpoint's form: MiMo's projection halves swapped back,
+    transformers' fused experts split per expert. Names the head does not hold are left out: the
+    layout's own embedding and lm_head copies, further MTP layers, a zero bias the layer lacks.
+
+    >>> w = torch.arange(4.0).view(1, 4)  # ours: [embedding | hidden], d = 2
+    >>> checkpoint_tensors(["model.mtp_layers.0.input_proj.weight"], {"eh_proj.weight": w}, "mimo", num_layers=2)
+    {'model.mtp_layers.0.input_proj.weight': tensor([[2., 3., 0., 1.]])}
+    """
+    out = {}
+    for name in names:
+        key = head_key(name, layout, num_layers=num_layers)
+        if key is None:
+            continue
+        if key in state:
+            t = state[key]
+            if layout == "mimo" and key == "eh_proj.weight":  # ours is [embedding, hidden]; MiMo's [hidden, embedding]
+                d = t.shape[1] // 2
+                t = torch.cat([t[:, d:], t[:, :d]], dim=1)
+        elif (m := _PER_EXPERT.match(key)) and f"{m['base']}.{'down' if m['proj'] == 'down' else 'gate_up'}_proj" in state:
+            e = int(m["e"])
+            if m["proj"] == "down":
+                t = state[f"{m['base']}.down_proj"][e]  # [E, d, I] → [d, I]
+            else:
+                gate_up = state[f"{m['base']}.gate_up_proj"][e]  # [2I, d]: gate then up
+                half = gate_up.shape[0] // 2
+                t = gate_up[:half] if m["proj"] == "gate" else gate_up[half:]
+        elif key.endswith(".bias"):
+            continue  # a zero bias the layer lacks (head_from_weights dropped it): the checkpoint's stays
+        else:
+            raise ModelLoadError(f"{name}: the head has no weight {key} for it ({layout} layout).")
+        out[name] = t.contiguous()
+    return out

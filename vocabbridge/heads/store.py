@@ -7,7 +7,8 @@ A head folder (``vocabbridge train-head -o heads/NAME``)::
                          trained for (model type, sizes, tokenizer fingerprint, a weights signature),
                          and the training record (recipe, seed, timings, held-out acceptance)
       head.safetensors   the head's weights (MTP: enorm, hnorm, eh_proj, the decoder layer, norm; EAGLE-3:
-                         fc_norm, fc, the layer, hidden_norm, norm) and d2t (draft id → target id)
+                         fc_norm, fc, the layer, hidden_norm, norm; P-EAGLE: EAGLE-3's and mask_hidden,
+                         mask_embed) and d2t (draft id → target id)
       train/             features, checkpoints, curves (PNG), metrics.jsonl, eval.json
 
 A head is refused for another target: another tokenizer, other sizes, or other weights (the
@@ -29,6 +30,7 @@ from ..errors import ConfigError, ModelLoadError
 from ..util import atomic_write_text
 from .draft_head import DraftHead, MTPHead, TargetParts, signatures_match, weights_signature
 from .eagle3 import Eagle3Head
+from .peagle import PEagleHead
 
 FORMAT = "vocabbridge.mtp-head/1"
 CONFIG_FILE = "config.json"
@@ -103,6 +105,7 @@ def save_head(head: DraftHead, folder: str | Path, *, target: dict, training: di
         "arch": head.arch,
         "layer_index": head.layer_index,
         **({"aux_layers": list(head.aux_layers)} if hasattr(head, "aux_layers") else {}),
+        **({"parallel_tokens": head.parallel_tokens} if hasattr(head, "parallel_tokens") else {}),
         "hidden_size": target["hidden_size"],
         "draft_vocab_size": head.draft_vocab_size,
         "target": target,
@@ -141,8 +144,13 @@ def load_head(folder: str | Path, parts: TargetParts, *, tokenizer_fingerprint: 
     except (OSError, RuntimeError) as e:
         raise ModelLoadError(f"{folder / WEIGHTS_FILE}: unreadable ({e}); train the head again.") from None
     d2t = state.pop("d2t", None)
-    if config.get("arch", "mtp") == "eagle3":
-        head: DraftHead = Eagle3Head(parts, aux_layers=tuple(config["aux_layers"]), draft_ids=d2t)
+    arch = config.get("arch", "mtp")
+    if arch == "peagle":
+        head: DraftHead = PEagleHead(
+            parts, aux_layers=tuple(config["aux_layers"]), draft_ids=d2t, parallel_tokens=int(config["parallel_tokens"])
+        )
+    elif arch == "eagle3":
+        head = Eagle3Head(parts, aux_layers=tuple(config["aux_layers"]), draft_ids=d2t)
     else:
         head = MTPHead(parts, layer_index=int(config["layer_index"]), draft_ids=d2t)
     missing, unexpected = head.load_state_dict(state, strict=False)

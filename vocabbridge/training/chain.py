@@ -1,4 +1,6 @@
-"""The chained forward of an MTP head over whole sequences, its loss, and its offline evaluation.
+"""The chained forward of an MTP head over whole sequences, its loss, and its offline evaluation;
+the parallel forward of a P-EAGLE head (:func:`parallel`) in the same shape, so both share the loss
+and the evaluation.
 
 Chained draft steps are computed in parallel (as EAGLE/HASS's "training-time test"): step d at
 position p reads the head's own output of step d−1 at position p−1 and the true token x_{p+1},
@@ -18,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from ..heads.draft_head import DraftHead, norm_scale
+from ..heads.peagle import MASK
 from .data import Sequence
 
 # ==== batches =====================================================================================
@@ -198,9 +201,10 @@ def output_normal_equations(
     max_positions: int = 32768,
 ) -> _Normal:
     """The normal equations, on the inputs of ``module`` (a residual branch's output projection of
-    the head's layer), of what the layer's output still misses of h_{t+1}: step 1 of the chain, up
-    to ``max_positions`` training positions in a fixed shuffled order (those of an 8960-wide MLP
-    cost ~160 GFLOP per 1,000 positions). Solve them once per ridge strength."""
+    the head's layer), of what the layer's output still misses of h_{t+1}: step 1 of the chain (a
+    P-EAGLE head: its whole parallel pass, each mask position against the target's hidden state
+    where it predicts), up to ``max_positions`` rows in a fixed shuffled order (those of an
+    8960-wide MLP cost ~160 GFLOP per 1,000 positions). Solve them once per ridge strength."""
     dev = module.weight.device
     w = norm_scale(head.norm).float().to(dev)
     feats: list[torch.Tensor] = []
@@ -210,10 +214,16 @@ def output_normal_equations(
         for group in batches(seqs, batch_tokens=batch_tokens, rng=random.Random(0)):
             b = collate(group, t2d, batch_tokens, features=head.features).to(dev)
             feats.clear()
-            mask = chain_mask(b.hidden.shape[1], 1, device=dev)
-            out = head.layer_output(head.combine(b.hidden), b.next_tokens, b.positions, mask=mask)
-            keep = b.valid
-            normal.add(feats[-1][keep], b.next_hidden[keep] / w - out[keep].float())
+            if head.arch == "peagle":  # block d, index i predicts where the real position i does: want h_{i+1}
+                n = head.parallel_tokens
+                out = torch.cat(parallel(head, b, n), dim=1)
+                want = b.next_hidden.repeat(1, n, 1)
+                keep = torch.cat([b.valid & (b.positions >= d) for d in range(n)], dim=1)
+            else:
+                mask = chain_mask(b.hidden.shape[1], 1, device=dev)
+                out = head.layer_output(head.combine(b.hidden), b.next_tokens, b.positions, mask=mask)
+                want, keep = b.next_hidden, b.valid
+            normal.add(feats[-1][keep], want[keep] / w - out[keep].float())
             if normal.count >= max_positions:
                 break
     finally:
@@ -241,9 +251,34 @@ def fit_output(
     return r2
 
 
+@torch.no_grad()
+def mean_inputs(parts, seqs: list[Sequence], *, rows: int = 65536) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of the target's layer streams (``aux``) and of the next tokens' embeddings over the
+    first ``rows`` positions of ``seqs``: a P-EAGLE head's mask position starts as this average one."""
+    feats, emb, n = 0.0, 0.0, 0
+    for s in seqs:
+        m = min(s.positions, len(s.tokens) - 1, rows - n)
+        if m <= 0:
+            break
+        feats = feats + features_of(s, "aux")[:m].float().sum(0)
+        tokens = s.tokens[1 : m + 1].to(parts.embed.weight.device)
+        emb = emb + parts.embed(tokens).float().sum(0)
+        n += m
+    if not n:
+        raise ValueError("no positions in the data to start the mask position from")
+    return feats / n, emb / n
+
+
 def least_squares_start(head: DraftHead, seqs: list[Sequence], t2d: torch.Tensor, *, say=None) -> dict[str, float]:
-    """Both fits in order (the input projection: eh_proj or fc, then the MLP's down_proj); the R² of each."""
+    """The fits in order (the input projection: eh_proj or fc, then the MLP's down_proj); the R² of each.
+
+    A P-EAGLE head also fits the attention's o_proj first, over its real and mask positions: its
+    mask positions learn of the draft's context only through attention, and the start zeroes o_proj
+    (a chained step reads the previous step's state directly, and there the fit gained under a point)."""
     out = {"eh_proj" if head.arch == "mtp" else "fc": fit_projection(head, seqs)}
+    attn = residual_output(head, "self_attn.o_proj") if head.arch == "peagle" else None
+    if attn is not None:
+        out["self_attn.o_proj"] = fit_output(head, attn, seqs, t2d)
     mlp = residual_output(head, "mlp.down_proj")
     if mlp is not None:
         out["mlp.down_proj"] = fit_output(head, mlp, seqs, t2d)
@@ -284,6 +319,45 @@ def chain(head: DraftHead, batch: Batch, depth: int) -> list[torch.Tensor]:
     return outs
 
 
+def parallel_mask(length: int, depth: int, *, device=None) -> torch.Tensor:
+    """Mask [1, 1, depth·L, depth·L] (True = may attend) of a P-EAGLE pass over L real positions and
+    depth − 1 blocks of L mask positions (block d holds, at index i, mask d of the draft anchored at
+    p = i − d). A real query i sees the real keys ≤ i; mask d of anchor p sees the real keys ≤ p and
+    the masks 1 … d of its own anchor: what the head's cache holds when the engine drafts at p, and
+    speculators' ``create_peagle_mask_mod``. Every query sees itself (no empty row for p < 0).
+
+    >>> parallel_mask(3, 2)[0, 0].int().tolist()
+    [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1]]
+    """
+    i = torch.arange(length, device=device)[:, None]
+    j = torch.arange(length, device=device)[None, :]
+    rows = []
+    for d in range(depth):
+        blocks = [j <= i - d] + [(j == i - d + e) & (e <= d) for e in range(1, depth)]
+        rows.append(torch.cat(blocks, dim=1))
+    return torch.cat(rows, dim=0)[None, None]
+
+
+def parallel(head: DraftHead, batch: Batch, depth: int) -> list[torch.Tensor]:
+    """A P-EAGLE head's states [B, L, d] for draft tokens 1 … depth, in :func:`chain`'s layout (out[s][:, p + s]
+    predicts token s + 1 of the draft anchored at p): one pass over the real positions and depth − 1
+    blocks of mask positions (:func:`parallel_mask`), mask d of anchor p at position p + d."""
+    b, length = batch.next_tokens.shape
+    real = head.combine(batch.hidden)  # [B, L, d]
+    hidden = torch.cat([real, head.mask_state().to(real.dtype).expand(b, (depth - 1) * length, -1)], dim=1)
+    tokens = torch.cat([batch.next_tokens, torch.full((b, (depth - 1) * length), MASK, device=real.device)], dim=1)
+    positions = batch.positions.repeat(1, depth)  # block d, index i: position i (= p + d)
+    g = head(hidden, tokens, positions, mask=parallel_mask(length, depth, device=real.device))
+    return list(g.split(length, dim=1))
+
+
+def draft_states(head: DraftHead, batch: Batch, depth: int) -> list[torch.Tensor]:
+    """The states of draft tokens 1 … depth as the head drafts them: chained, or in one pass (P-EAGLE)."""
+    if head.arch == "peagle":
+        return parallel(head, batch, min(depth, head.parallel_tokens))
+    return chain(head, batch, depth)
+
+
 def soft_ce(logits: torch.Tensor, batch: Batch, valid: torch.Tensor) -> torch.Tensor:
     """Mean over valid positions of −Σ_k p_k log q(id_k) (the target's top-k as soft labels)."""
     logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.label_ids)  # [B, L, K]
@@ -304,8 +378,9 @@ def chain_loss(
     head: DraftHead, batch: Batch, depth: int, step_weight: float, hidden_weight: float = 0.0
 ) -> tuple[torch.Tensor, list[float]]:
     """The weighted loss over chained steps (soft cross-entropy, plus ``hidden_weight`` × the feature
-    loss), and each step's cross-entropy."""
-    outs = chain(head, batch, depth)
+    loss), and each step's cross-entropy; for a P-EAGLE head, over its parallel positions (all
+    ``parallel_tokens`` of them, whatever ``depth``)."""
+    outs = parallel(head, batch, head.parallel_tokens) if head.arch == "peagle" else chain(head, batch, depth)
     total, weights, parts = 0.0, 0.0, []
     for d, g in enumerate(outs, start=1):
         valid = batch.valid & (batch.positions >= d - 1)
@@ -342,12 +417,14 @@ def evaluate(
     if full_vocab and head.lm_head is not None and head.arch == "mtp":  # what vLLM runs of the MTP head's export
         lm_head = head.parts.lm_head  # the target's, in the target's dtype (bf16 on a GPU, the head's float32 aside)
         scorers["_full_vocab"] = lambda g: lm_head(g.to(lm_head.weight.dtype)).argmax(-1)
+    if head.arch == "peagle":
+        k = min(k, head.parallel_tokens)  # it proposes no more than it was trained for
     accepted = {name: [0] * k for name in scorers}
     windows, loss_sum, loss_n = 0, 0.0, 0
     for group in batches(seqs, batch_tokens=batch_tokens, rng=random.Random(0)):
         b = collate(group, t2d, batch_tokens, features=head.features).to(device)
         with autocast():
-            outs = chain(head, b, k)
+            outs = draft_states(head, b, k)
             loss_sum += float(soft_ce(head.logits(outs[0]), b, b.valid)) * int(b.valid.sum())
             preds = {name: [predict(g) for g in outs] for name, predict in scorers.items()}
         loss_n += int(b.valid.sum())

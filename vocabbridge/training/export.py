@@ -1,6 +1,8 @@
 """A trained head as a checkpoint vLLM serves: an EAGLE-3 head (``train-head --arch eagle3``) as vLLM's
-own EAGLE-3 checkpoint (``method: eagle3``, the draft vocabulary as ``d2t``: below), an MTP head in
-MiMo's MTP layout (``method: mtp``).
+own EAGLE-3 checkpoint (``method: eagle3``, the draft vocabulary as ``d2t``: below), a P-EAGLE head
+(``--arch peagle``) as the same with vLLM's parallel drafting turned on, an MTP head in MiMo's MTP
+layout (``method: mtp``), and the target's own MTP head retrained (``--init checkpoint``) back in
+the target's own layout (``method: mtp``; export_own.py).
 
 **MTP heads.**
 
@@ -35,6 +37,17 @@ and the draft vocabulary's size. vLLM then drafts over those rows only::
 
     --speculative-config '{"method": "eagle3", "model": "heads/NAME/vllm", "num_speculative_tokens": 3}'
 
+**P-EAGLE heads** are EAGLE-3 checkpoints with the mask position vLLM's parallel drafting reads
+(``llama_eagle3.py``, ``llm_base_proposer.py``): ``mask_hidden`` [1, n·d] (the mask position's
+layer streams, which vLLM passes through ``fc`` as we do), and the mask token's embedding as the
+row ``ptd_token_id`` (the config names it) of the head's own ``embed_tokens``: the target's
+embedding with that one row replaced, so vLLM does not share the target's. The row is one the
+tokenizer never produces (an embedding row past its last id, as Qwen2.5 has 271), else a special
+token without a role that the chat template does not write (the record says which)::
+
+    --speculative-config '{"method": "eagle3", "model": "heads/NAME/vllm", "num_speculative_tokens": 4,
+                           "parallel_drafting": true}'
+
 >>> export_for_vllm("heads/qwen2.5-coder-1.5b")  # doctest: +SKIP
 {'method': 'mtp', 'model': 'heads/qwen2.5-coder-1.5b/vllm', 'num_speculative_tokens': 3}
 """
@@ -50,12 +63,14 @@ from safetensors.torch import load_file
 
 from ..engine.convert import converted_folder
 from ..errors import ConfigError, ModelLoadError
-from ..heads import VLLM_EXPORT
+from ..heads import VLLM_EXPORT, head_from_checkpoint
 from ..heads.eagle3 import HOSTS as EAGLE3_HOSTS
 from ..heads.layouts import checkpoint_files
 from ..heads.store import WEIGHTS_FILE, read_head_config, save_tensors
 from ..presets import resolve_model
+from ..tokenizer import load_tokenizer
 from ..util import atomic_write_text
+from .export_own import export_own_layout
 
 HOSTS = ("qwen2", "llama", "mistral")  # targets whose decoder layer vLLM's MiMo MTP layer (Qwen2's) reproduces
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -120,8 +135,10 @@ def export_for_vllm(head_dir: str | Path, out_dir: str | Path | None = None, *, 
     folder = target_folder(tgt["source"], tgt.get("resolved"))
     target_cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     text_cfg = target_cfg.get("text_config", target_cfg)
-    if cfg.get("arch", "mtp") == "eagle3":
+    if cfg.get("arch", "mtp") in ("eagle3", "peagle"):
         return _export_eagle3(head_dir, out_dir, cfg, folder, text_cfg, num_speculative_tokens)
+    if head_from_checkpoint(head_dir):
+        return export_own_layout(head_dir, out_dir, cfg, folder, num_speculative_tokens)
     if text_cfg.get("model_type") not in HOSTS:
         raise ConfigError(
             f"vLLM serves our heads through MiMo's MTP layout, whose layer is a Qwen2 layer; a {text_cfg.get('model_type')} "
@@ -207,6 +224,26 @@ def eagle3_state(head_state: dict[str, torch.Tensor], *, lm_head_rows: torch.Ten
     return out
 
 
+def mask_token_id(folder: Path, rows: int) -> tuple[int, str]:
+    """The id whose embedding row a P-EAGLE export gives the mask token, and why that one: the last
+    embedding row the target's tokenizer never produces, else the last special token without a role
+    that the chat template does not write (its embedding in the head changes; text holding it drafts
+    worse, never wrongly: the target verifies)."""
+    view = load_tokenizer(str(folder))
+    unused = [i for i in range(rows) if i >= view.size or view.tokens[i] is None]
+    if unused:
+        return unused[-1], f"embedding row {unused[-1]}, past the tokenizer's ids (unused by any text)"
+    template = view.chat_template or ""
+    spare = [a for a in view.added if a.special and not a.roles and a.content not in template and a.id < rows]
+    if spare:
+        a = max(spare, key=lambda a: a.id)
+        return a.id, f"special token {a.content!r} (id {a.id}: no role, not written by the chat template)"
+    raise ConfigError(
+        f"{folder}: no embedding row is free for P-EAGLE's mask token (every id is a token, and every special token "
+        f"has a role or is written by the chat template); serve this head with --backend embedded."
+    )
+
+
 def _export_eagle3(head_dir: Path, out_dir: Path, cfg: dict, folder: Path, text_cfg: dict, k: int) -> dict:
     if text_cfg.get("model_type") not in EAGLE3_HOSTS:
         raise ConfigError(
@@ -223,6 +260,13 @@ def _export_eagle3(head_dir: Path, out_dir: Path, cfg: dict, folder: Path, text_
     named = text_cfg.get("dtype") or text_cfg.get("torch_dtype") or ""
     dtype = torch.float16 if named == "float16" else torch.bfloat16
     weights = eagle3_state(state, lm_head_rows=lm_head[d2t.long()], d2t=d2t, o_bias=has_bias)
+    parallel = cfg.get("arch") == "peagle"
+    if parallel:  # the mask position vLLM's parallel drafting reads
+        ptd, why = mask_token_id(folder, vocab)
+        embed = _target_tensor(checkpoint_files(str(folder)), ("model.embed_tokens.weight",)).clone()
+        embed[ptd] = state["mask_embed"].to(embed.dtype)
+        weights["embed_tokens.weight"] = embed
+        weights["mask_hidden"] = state["mask_hidden"].view(1, -1)
     weights = {n: (t if n == "d2t" else t.to(dtype)).contiguous() for n, t in weights.items()}
     aux = [int(i) for i in cfg["aux_layers"]]
     config = {key: text_cfg[key] for key in COPIED_CONFIG if key in text_cfg}
@@ -241,13 +285,19 @@ def _export_eagle3(head_dir: Path, out_dir: Path, cfg: dict, folder: Path, text_
             "torch_dtype": str(dtype).replace("torch.", ""),
         }
     )
+    if parallel:
+        config["ptd_token_id"] = ptd  # the mask token vLLM feeds at the parallel positions
+        k = min(k, int(cfg["parallel_tokens"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     save_tensors(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
     atomic_write_text(out_dir / "config.json", json.dumps(config, indent=2) + "\n")
     spec = {"method": "eagle3", "model": str(out_dir), "num_speculative_tokens": k}
+    if parallel:
+        spec["parallel_drafting"] = True
     record = {
         "exported_from": str(head_dir),
-        "layout": "eagle3",
+        "layout": "peagle" if parallel else "eagle3",
+        **({"mask_token": why, "parallel_tokens": int(cfg["parallel_tokens"])} if parallel else {}),
         "target": cfg["target"]["source"],
         "target_folder": str(folder),
         "draft_vocabulary": f"{len(d2t)} of {vocab} target tokens (d2t)",

@@ -4,7 +4,8 @@
     data     greedy continuations of the training prompts, batched (data.py), cached on disk
     vocab    the draft vocabulary: the ids the data uses most (Recipe.draft_vocab)
     train    AdamW on the head (the embedding, lm_head and rotary stay the target's, frozen),
-             soft cross-entropy against the target's top-k over ``depth`` chained steps (chain.py)
+             soft cross-entropy against the target's top-k over ``depth`` chained steps (chain.py;
+             a P-EAGLE head: over its ``parallel_tokens`` positions, in one pass)
     eval     held-out prompts: greedy acceptance per draft position, mean acceptance length
 
 With ``budget_minutes`` the run is time-boxed: data generation stops starting new batches when its
@@ -35,12 +36,14 @@ import torch
 from ..engine.invariant import quantize_rows
 from ..engine.model import load_causal_lm, resolve_device
 from ..errors import ConfigError
-from ..heads.draft_head import DraftHead, new_head, target_parts
+from ..heads.draft_head import DraftHead, MTPHead, new_head, target_parts
 from ..heads.eagle3 import check_host, default_aux_layers, new_eagle3_head
+from ..heads.layouts import KNOWN, checkpoint_files, head_from_weights, read_mtp_weights
+from ..heads.peagle import new_peagle_head
 from ..heads.store import save_head, target_record
 from ..presets import resolve_model
 from ..util import atomic_write_text
-from .chain import batches, chain_loss, collate, evaluate, least_squares_start
+from .chain import batches, chain_loss, collate, evaluate, least_squares_start, mean_inputs
 from .curves import plot_curves
 from .data import DATA_DIR, DataPlan, Sequence, draft_vocabulary, generate_data, load_shard, render_prompts, training_prompts
 from .magpie import synthesize_prompts
@@ -55,9 +58,11 @@ TIMING_STEPS = 4  # steps timed before a budgeted run plans its total (after WAR
 WARM_STEPS = 2  # first steps left out of the timing: on a GPU they pay for kernel selection and allocations
 SAVE_RESERVE_S = 20.0  # of a budget, kept for saving the head and plotting
 FINAL_EVAL_COST = 2.5  # the final evaluation (draft and whole vocabulary) against one evaluation on the curves (measured: ~2.3×)
-INITS = ("least-squares", "identity")
-ARCHS = ("mtp", "eagle3")
-HEAD_NAMES = {"mtp": "MTP head", "eagle3": "EAGLE-3 head"}
+INITS = ("least-squares", "identity", "checkpoint")
+ARCHS = ("mtp", "eagle3", "peagle")
+AUX_ARCHS = ("eagle3", "peagle")  # heads that read the streams entering a few target layers
+HEAD_NAMES = {"mtp": "MTP head", "eagle3": "EAGLE-3 head", "peagle": "P-EAGLE head"}
+DRAFT_VOCAB = 32768  # the recipe's draft vocabulary
 
 
 @dataclass(frozen=True)
@@ -84,17 +89,19 @@ class Recipe:
     new_tokens: int = 160  # greedy tokens generated per prompt
     gen_batch: int = 0  # prompts per generation batch; 0: 16 on a CPU, 1024 on a GPU (prompts the target writes: 2x)
     top_k: int = 20  # soft labels kept per position
-    draft_vocab: int = 32768  # draft vocabulary (0: the whole target vocabulary)
+    draft_vocab: int = DRAFT_VOCAB  # draft vocabulary (0: the whole target vocabulary; always with init checkpoint)
     depth: int = 2  # chained draft steps trained
     epochs: int = 6  # at most; a budget may cut training short
     batch_tokens: int = 0  # positions per optimizer step; 0: 512 on a CPU, 16384 on a GPU
     lr: float = 0.0  # peak learning rate; 0: 3e-5 on a CPU (small data, the least-squares start), 5e-5 on a GPU
     warmup: float = 0.1  # share of steps with a linear warm-up, then cosine decay to 10 %
-    arch: str = "mtp"  # mtp (DeepSeek-V3's MTP module on the final hidden state) or eagle3 (vLLM's EAGLE-3 layer, several layers)
-    aux_layers: tuple[int, ...] | None = None  # eagle3: the target layers it reads (None: eagle3.default_aux_layers)
-    init: str = (
-        "least-squares"  # the head's start: least-squares (eh_proj/fc and down_proj fit to the data, chain.py) or identity
-    )
+    arch: str = "mtp"  # mtp (DeepSeek-V3's MTP module on the final hidden state), eagle3 (vLLM's EAGLE-3 layer,
+    # several layers) or peagle (EAGLE-3's layer proposing all its draft tokens in one forward: heads/peagle.py)
+    aux_layers: tuple[int, ...] | None = None  # eagle3, peagle: the target layers it reads (None: eagle3.default_aux_layers)
+    parallel_tokens: int = 4  # peagle: the draft tokens one forward proposes (mask positions + 1), trained and drafted
+    # the head's start: least-squares (eh_proj/fc and down_proj fit to the data, chain.py), identity, or checkpoint
+    # (the target's own MTP weights, heads/layouts.py: that head retrained, over the whole vocabulary)
+    init: str = "least-squares"
     step_weight: float = 0.7  # loss weight of chained step d: step_weight ** (d - 1)
     hidden_weight: float = 0.0  # weight of EAGLE's feature loss (the head's output against h_{t+1})
     heldout: float = 0.1  # share of prompts kept out of training for the evaluation
@@ -115,14 +122,33 @@ class Recipe:
             raise ConfigError(f"init must be one of {', '.join(INITS)}; got {self.init!r}.")
         if self.arch not in ARCHS:
             raise ConfigError(f"arch must be one of {', '.join(ARCHS)}; got {self.arch!r}.")
-        if self.aux_layers is not None and self.arch != "eagle3":
-            raise ConfigError("aux_layers are the target layers an eagle3 head reads; pass them with arch eagle3.")
+        if self.init == "checkpoint":
+            self._check_checkpoint_init()
+        if self.aux_layers is not None and self.arch not in AUX_ARCHS:
+            raise ConfigError("aux_layers are the target layers an eagle3 or peagle head reads; pass them with those archs.")
+        if not 1 <= self.parallel_tokens <= 16:
+            raise ConfigError(f"parallel_tokens must be in 1 … 16; got {self.parallel_tokens}.")
         if self.aux_layers is not None:
             object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
         if self.budget_minutes < 0:
             raise ConfigError(f"budget_minutes must be ≥ 0 (0: no budget), got {self.budget_minutes}.")
         if self.magpie < 0 or not 0 <= self.thinking_share <= 1:
             raise ConfigError(f"magpie must be ≥ 0 and thinking_share in [0, 1]; got {self.magpie}, {self.thinking_share}.")
+
+    def _check_checkpoint_init(self) -> None:
+        """``init="checkpoint"`` retrains the target's own MTP head as it is: an mtp head drafting over
+        the whole vocabulary (as the model's head does, and as vLLM's native ``mtp`` serves it)."""
+        if self.arch != "mtp":
+            raise ConfigError(
+                f"--init checkpoint retrains the target's own MTP head, an mtp head; a {self.arch} head starts "
+                "from --init least-squares (the default) or identity. Drop --init checkpoint, or pass --arch mtp."
+            )
+        if self.draft_vocab not in (0, DRAFT_VOCAB):
+            raise ConfigError(
+                f"--init checkpoint retrains the target's own MTP head, which drafts over the whole vocabulary (as vLLM "
+                f"serves it); --draft-vocab {self.draft_vocab} does not apply: leave --draft-vocab out."
+            )
+        object.__setattr__(self, "draft_vocab", 0)
 
     def on(self, device: str) -> Recipe:
         """The recipe with its device-dependent defaults filled in (0 = auto): a GPU's batches are
@@ -138,6 +164,8 @@ class Recipe:
     def training_key(self) -> dict:
         """The fields a checkpoint must agree on to be resumed."""
         skip = {"epochs", "device", "gen_batch", "budget_minutes", "data_share", "magpie"}
+        if self.arch != "peagle":
+            skip.add("parallel_tokens")  # checkpoints of the other heads from before it resume
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -248,14 +276,16 @@ def train_heads(
     quiet: bool = False,
     data_dir: Path | None = None,
 ) -> dict[str, TrainResult]:
-    """Heads of several architectures (``{"eagle3": folder, "mtp": folder}``) from one load of the
-    target and one generation of data (with the layer streams EAGLE-3 reads when one of them is
-    EAGLE-3), trained one after the other, the training time left shared between them."""
+    """Heads of several architectures (``{"eagle3": folder, "peagle": folder, "mtp": folder}``) from
+    one load of the target and one generation of data (with the layer streams EAGLE-3 and P-EAGLE
+    read when one of them is among them), trained one after the other on the same data and draft
+    vocabulary, the training time left shared between them."""
     say = say or (lambda msg: print(f"train-head: {msg}", file=sys.stderr, flush=True))
     folders = {a: Path(f).expanduser() for a, f in folders.items()}
     for arch in folders:
         if arch not in ARCHS:
             raise ConfigError(f"arch must be one of {', '.join(ARCHS)}; got {arch!r}.")
+        dataclasses.replace(recipe, arch=arch)  # refused now, not after the data (init checkpoint: mtp only)
     first = next(iter(folders.values()))
     data_dir = Path(data_dir).expanduser() if data_dir else first / TRAIN_DIR / DATA_DIR
     torch.manual_seed(recipe.seed)
@@ -276,12 +306,13 @@ def train_heads(
     lm.model.requires_grad_(False)
     parts = target_parts(lm.model)
     aux_layers: tuple[int, ...] = ()
-    if "eagle3" in folders:
+    if any(a in folders for a in AUX_ARCHS):
         check_host(parts)
         aux_layers = recipe.aux_layers or default_aux_layers(parts.num_layers)
     if gen_dtype == "int8":  # the head starts from the fp32 last layer and lm_head: keep them out of the quantization
         parts = dataclasses.replace(parts, last_layer=copy.deepcopy(parts.last_layer))
         quantize_rows(lm.model)  # replaces the lm_head module (parts keeps the fp32 one) and the layers' linears in place
+    start = checkpoint_start(target, lm.source, parts) if recipe.init == "checkpoint" else None
     timings["load"] = time.perf_counter() - t0
     say(
         f"loaded {lm.name} in {timings['load']:.0f} s on {device}: data in {gen_dtype}, "
@@ -355,7 +386,14 @@ def train_heads(
     full = recipe.draft_vocab <= 0 or recipe.draft_vocab >= vocab
     draft_ids = None if full else draft_vocabulary(train_seqs, size=recipe.draft_vocab, vocab_size=vocab, always=stops)
     shared = dict(
-        parts=parts, train=train_seqs, held=held, draft_ids=draft_ids, aux_layers=aux_layers, device=device, autocast=autocast
+        parts=parts,
+        train=train_seqs,
+        held=held,
+        draft_ids=draft_ids,
+        aux_layers=aux_layers,
+        device=device,
+        autocast=autocast,
+        start=start,
     )
     results = {}
     for i, (arch, folder) in enumerate(folders.items()):
@@ -403,13 +441,27 @@ def _train_one(
     view,
     source,
     t0,
+    start=None,
 ) -> TrainResult:
-    """One head on data already generated: its start, the training loop, the final evaluation, the files."""
+    """One head on data already generated: its start, the training loop, the final evaluation, the files.
+    ``start``: (layout, head) of the target's own MTP weights (init checkpoint)."""
     work = folder / TRAIN_DIR
     work.mkdir(parents=True, exist_ok=True)
     vocab = parts.embed.weight.shape[0]
     if recipe.arch == "eagle3":
         head = new_eagle3_head(parts, aux_layers=aux_layers, draft_ids=draft_ids).to(device)
+    elif recipe.arch == "peagle":
+        feats, emb = mean_inputs(parts, train)
+        head = new_peagle_head(
+            parts,
+            aux_layers=aux_layers,
+            draft_ids=draft_ids,
+            parallel_tokens=recipe.parallel_tokens,
+            mask_hidden=feats,
+            mask_embed=emb,
+        ).to(device)
+    elif recipe.init == "checkpoint":
+        head = start[1].to(device)  # the target's own head, over the whole vocabulary (no least-squares start)
     else:
         head = new_head(parts, draft_ids=draft_ids).to(device)
     t2d = torch.full((vocab,), -1, dtype=torch.long)
@@ -443,6 +495,7 @@ def _train_one(
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "tokens": tokens,
         "least_squares_r2": fits,
+        **({"checkpoint_mtp": {"layout": start[0], "source": source}} if recipe.init == "checkpoint" else {}),
         "heldout_eval": ev,
         "heldout_eval_by_kind": by_kind,
         "magpie": magpie,
@@ -464,6 +517,25 @@ def _train_one(
         + f"; mean length {ev['mean_acceptance_length']:.2f}; written to {folder}"
     )
     return TrainResult(folder, head, ev, timings, tokens, run.history)
+
+
+def checkpoint_start(target: str, source: str, parts) -> tuple[str, MTPHead]:
+    """``init="checkpoint"``: (layout, the head) of the MTP weights in the target's own checkpoint
+    (``source``: the file or folder it was loaded from), refused when it has none in a layout we read."""
+    files = checkpoint_files(source)
+    layout, weights = read_mtp_weights(files, num_layers=parts.num_layers) if files else (None, {})
+    if layout is None:
+        found = (
+            f"{len(files)} safetensors file(s) without MTP tensors"
+            if files
+            else "no safetensors files (a GGUF has no MTP weights)"
+        )
+        raise ConfigError(
+            f"--init checkpoint retrains the target's own MTP head, and {target} has none in a layout vocabbridge reads "
+            f"({found}; the layouts: {KNOWN}). Train a new head instead: drop --init checkpoint (the least-squares start) "
+            "or pass --init identity."
+        )
+    return layout, head_from_weights(parts, layout, weights, source=source).float()
 
 
 class _Training:

@@ -46,13 +46,14 @@ from pathlib import Path
 import httpx
 
 from ..errors import ConfigError, VocabBridgeError
+from ..heads import head_from_checkpoint
 from ..mapping import load_map, token_map_for
 from ..mapping.cache import map_cache_path
 from ..presets import PRESETS, resolve_model
 from ..spec import EngineSpec, served_name
 from ..tokenizer import load_tokenizer
 from ..util import atomic_write_text
-from .config import PROPOSER_METHODS, engine_only_notes, spec_method, speculative_config, vocabularies_match
+from .config import HEAD_LAYOUTS, PROPOSER_METHODS, engine_only_notes, spec_method, speculative_config, vocabularies_match
 from .install import inspect_vllm, launcher_argv
 from .plugin import MAP_ENV
 from .proposers import CONFIG_ENV, proposer_config
@@ -166,10 +167,11 @@ def vllm_command(
         argv += ["--dtype", VLLM_DTYPES[spec.dtype]]
     if cfg is not None:
         argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
-    if cfg is not None and cfg.get("method") == "mtp" and spec.drafter_path:
+    if cfg is not None and cfg.get("method") == "mtp" and spec.drafter_path and not head_from_checkpoint(spec.drafter_path):
         # vLLM's MiMo MTP layer reads its layer count from the *target's* config (MiMo carries its MTP
         # layer in its own checkpoint); without it the worker fails with "Qwen2Config object has no
-        # attribute num_nextn_predict_layers".
+        # attribute num_nextn_predict_layers". (A target whose own MTP head was retrained names its MTP
+        # layers in its own config, and vLLM reads the export as that checkpoint: nothing to override.)
         if any(a.startswith("--hf-overrides") for a in extra_args):
             notes.append('your --hf-overrides must include "num_nextn_predict_layers": 1 for the MTP head')
         else:
@@ -259,17 +261,17 @@ def prepare(cmd: VllmCommand, *, say: Callable[[str], None]) -> None:
 
 def export_stale_head(folder: str, *, say: Callable[[str], None]) -> None:
     """Export a train-head folder for vLLM (``FOLDER/vllm``) unless an export newer than the head is there."""
-    from ..heads import VLLM_EXPORT, head_arch
+    from ..heads import EXPORT_RECORD, VLLM_EXPORT, head_arch
     from ..heads.store import WEIGHTS_FILE, read_head_config
 
     head = Path(folder).expanduser()
     read_head_config(head)  # a clear error for a folder that is not a head
-    done = head / VLLM_EXPORT / "model.safetensors"
+    done = head / VLLM_EXPORT / EXPORT_RECORD  # written last by every export
     if done.is_file() and done.stat().st_mtime >= (head / WEIGHTS_FILE).stat().st_mtime:
         return
     from ..training.export import export_for_vllm  # torch
 
-    layout = "vLLM's EAGLE-3 layout" if head_arch(head) == "eagle3" else "MiMo's MTP layout"
+    layout = HEAD_LAYOUTS["own" if head_from_checkpoint(head) else head_arch(head)][1]
     say(f"exporting the head {head} for vLLM ({layout}) into {head / VLLM_EXPORT}")
     export_for_vllm(head)
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ConfigError, VocabBridgeError
-from ..heads import VLLM_EXPORT, head_arch
+from ..heads import VLLM_EXPORT, head_arch, head_from_checkpoint, head_parallel_tokens
 from ..presets import PRESETS, vocab_family
 from ..spec import BY_NGRAM_MAP, BY_PROPOSERS, DRAFTERS, DrafterMethod, EngineSpec, options, resolve_method
 from ..tokenizer import load_tokenizer, same_vocabulary
@@ -79,17 +79,34 @@ def _suffix(spec, model_for, notes):
     }
 
 
+HEAD_LAYOUTS = {  # a trained head's architecture → how vLLM serves its export (method, what the notes say)
+    "mtp": ("mtp", "MiMo's MTP layout"),
+    "eagle3": ("eagle3", "vLLM's EAGLE-3 layout, drafting over its own vocabulary (d2t)"),
+    "peagle": ("eagle3", "vLLM's EAGLE-3 layout with its mask position, drafting in parallel (parallel_drafting)"),
+    "own": ("mtp", "the target's own MTP layout (its weight files linked, only the MTP tensors replaced)"),
+}  # "own": the target's own MTP head retrained (train-head --init checkpoint), served by vLLM's native mtp
+
+
 def _mtp(spec, model_for, notes):
     """The checkpoint's own MTP layer; with ``mtp:PATH``, a trained head exported for vLLM
     (``vocabbridge.training.export.export_for_vllm`` writes it in ``PATH/vllm``: an EAGLE-3 head as
-    vLLM's EAGLE-3 checkpoint, an MTP head in MiMo's MTP layout)."""
+    vLLM's EAGLE-3 checkpoint, a P-EAGLE head as the same with ``parallel_drafting`` on, an MTP head
+    in MiMo's MTP layout, the target's own MTP head retrained back in the target's own layout)."""
     if spec.drafter_path:
         exported = Path(spec.drafter_path).expanduser() / VLLM_EXPORT
-        eagle3 = head_arch(spec.drafter_path) == "eagle3"
-        layout = "vLLM's EAGLE-3 layout, drafting over its own vocabulary (d2t)" if eagle3 else "MiMo's MTP layout"
+        arch = "own" if head_from_checkpoint(spec.drafter_path) else head_arch(spec.drafter_path)
+        method, layout = HEAD_LAYOUTS.get(arch, HEAD_LAYOUTS["mtp"])
         notes.append(f"the head {spec.drafter_path} reaches vLLM as its export in {layout} ({exported}, written when stale)")
-        method = "eagle3" if eagle3 else "mtp"
-        return {"method": method, "model": str(exported), "num_speculative_tokens": spec.num_speculative_tokens}
+        out = {"method": method, "model": str(exported), "num_speculative_tokens": spec.num_speculative_tokens}
+        if arch == "peagle":
+            out["parallel_drafting"] = True  # vLLM's P-EAGLE: the k − 1 mask positions in the same forward
+            most = head_parallel_tokens(spec.drafter_path)
+            if most and spec.num_speculative_tokens > most:
+                notes.append(
+                    f"the P-EAGLE head was trained for {most} parallel tokens: vLLM drafts {most}, not {out['num_speculative_tokens']}"
+                )
+                out["num_speculative_tokens"] = most
+        return out
     p = PRESETS.get(spec.target_name)
     if p is not None and not p.has_mtp:
         raise ConfigError(

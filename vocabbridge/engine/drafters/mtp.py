@@ -1,9 +1,9 @@
-"""The ``mtp`` drafter: an MTP or EAGLE-3 head drafting from the target's own hidden states.
+"""The ``mtp`` drafter: an MTP, EAGLE-3 or P-EAGLE head drafting from the target's own hidden states.
 
-``--drafter mtp:heads/NAME`` loads a head trained by ``vocabbridge train-head`` (either
-architecture: ``--arch mtp`` reads the target's final hidden states, ``--arch eagle3`` the residual
-streams entering a few of its layers); ``--drafter mtp`` loads the MTP weights of the target's own
-checkpoint (DeepSeek-V3, EXAONE 4.5, Qwen3.5, MiMo layouts: vocabbridge/heads/layouts.py).
+``--drafter mtp:heads/NAME`` loads a head trained by ``vocabbridge train-head`` (any architecture:
+``--arch mtp`` reads the target's final hidden states, ``--arch eagle3`` and ``--arch peagle`` the
+residual streams entering a few of its layers); ``--drafter mtp`` loads the MTP weights of the
+target's own checkpoint (DeepSeek-V3, EXAONE 4.5, Qwen3.5, MiMo layouts: vocabbridge/heads/layouts.py).
 
 No extra target pass: every target forward of the engine (prefill chunks, verifications) hands the
 session the hidden states of the positions it fed (``observe_hidden``). The head keeps one KV
@@ -13,9 +13,13 @@ only once both are committed. A proposal:
     feed the committed pairs not fed yet    → the last one's output g predicts the first draft token
     then k−1 times: feed (g, draft token)    → the next draft token (the layer re-runs on its own output)
 
-The k−1 speculative entries are cropped from the head's cache at the next proposal, whatever was
-accepted (rollback, as the other sessions do). Greedy output is the target's own (the target
-verifies every token); when sampling, the head's q goes to rejection sampling.
+A P-EAGLE head (heads/peagle.py) does it all in one forward: the committed pairs not fed yet, then
+k−1 mask positions; the last k outputs are the k draft tokens' distributions (each drawn from its
+own, none conditioned on the draft tokens before it: still a valid q for rejection sampling).
+
+The k−1 speculative entries (chained states or masks) are cropped from the head's cache at the next
+proposal, whatever was accepted (rollback, as the other sessions do). Greedy output is the target's
+own (the target verifies every token); when sampling, the head's q goes to rejection sampling.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from transformers import DynamicCache
 from ...errors import ConfigError, RequestError
 from ...heads.draft_head import DraftHead, causal_mask, target_parts
 from ...heads.layouts import checkpoint_files, head_from_weights, read_mtp_weights
+from ...heads.peagle import MASK
 from ...heads.store import load_head
 from ..model import QUANTIZED, drafter_dtype_for
 from ..quant import quantize_int8
@@ -49,8 +54,9 @@ class _MTPSession(DraftSession):
         self.rows = torch.cat([self.rows[: start - self.rows_start], hidden.float()])
 
     @torch.inference_mode()
-    def _feed(self, context: list[int], upto: int) -> torch.Tensor | None:
-        """Feed the committed pairs [fed, upto) (after cropping speculative entries); the last one's output [d]."""
+    def _feed(self, context: list[int], upto: int, masks: int = 0) -> torch.Tensor | None:
+        """Feed the committed pairs [fed, upto) (after cropping speculative entries), and ``masks`` mask
+        positions after them (P-EAGLE); the outputs of the last pair and of the masks [1 + masks, d]."""
         self._crop()
         n = upto - self.fed
         if n <= 0:
@@ -63,13 +69,16 @@ class _MTPSession(DraftSession):
             )
         dev = self.d.device
         hidden = self.d.head.combine(self.rows[lo : lo + n].to(dev, self.d.dtype)[None])  # [1, n, F] → [1, n, d]
-        tokens = torch.tensor([context[self.fed + 1 : upto + 1]], device=dev)  # [1, n]
-        positions = torch.arange(self.fed, upto, device=dev)[None]  # [1, n]
-        mask = causal_mask(n, self.fed, device=dev)
-        g = self.d.head(hidden, tokens, positions, cache=self.cache, mask=mask)[0, -1]
+        tokens = context[self.fed + 1 : upto + 1]
+        if masks:  # mask positions upto … upto + masks − 1: the mask state and the mask token
+            hidden = torch.cat([hidden, self.d.mask_state.expand(1, masks, -1)], dim=1)
+            tokens = tokens + [MASK] * masks
+        positions = torch.arange(self.fed, upto + masks, device=dev)[None]  # [1, n + masks]
+        mask = causal_mask(n + masks, self.fed, device=dev)
+        g = self.d.head(hidden, torch.tensor([tokens], device=dev), positions, cache=self.cache, mask=mask)[0, -1 - masks :]
         self.forwards += 1
         self.rows, self.rows_start = self.rows[lo + n :], upto  # fed rows are no longer needed
-        self.fed = self.cached = upto
+        self.fed, self.cached = upto, upto + masks
         return g
 
     def _crop(self) -> None:
@@ -86,9 +95,12 @@ class _MTPSession(DraftSession):
 
     @torch.inference_mode()
     def propose(self, context, k, params: SamplingParams, generator):
+        if self.d.parallel:
+            return self._propose_parallel(context, k, params, generator)
         g = self._feed(context, len(context) - 1)
         if g is None:
             return Proposal([])
+        g = g[-1]
         d, head = self.d, self.d.head
         tokens: list[int] = []
         dists: list[torch.Tensor] = []  # the head's q of each sampled token (sampling only)
@@ -115,6 +127,30 @@ class _MTPSession(DraftSession):
             g = step[0, -1]
         return Proposal(tokens, d.scatter(torch.stack(dists)) if dists else None)
 
+    def _propose_parallel(self, context, k, params: SamplingParams, generator) -> Proposal:
+        """P-EAGLE: one head forward over the pairs not fed yet and k−1 mask positions; k tokens."""
+        d = self.d
+        k = min(k, d.parallel)
+        g = self._feed(context, len(context) - 1, masks=k - 1)
+        if g is None:
+            return Proposal([])
+        logits = d.head.logits(g)  # [k, V_draft] (2-D: int8 linears want it)
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        survive = 1.0
+        for row in logits:
+            j, conf, probs = pick_token(row, params, generator, need_confidence=d.min_confidence > 0)
+            survive *= conf
+            if survive < d.min_confidence:
+                break
+            if probs is not None:
+                dists.append(probs)
+            tok = d.to_target(j)
+            tokens.append(tok)
+            if tok in d.stop_ids:
+                break
+        return Proposal(tokens, d.scatter(torch.stack(dists)) if dists else None)
+
 
 class MTPDrafter(Drafter):
     """Drafts with an MTP head (ours or a checkpoint's) over the target's hidden states."""
@@ -131,6 +167,10 @@ class MTPDrafter(Drafter):
         self.device = head.parts.embed.weight.device
         self.dtype = head.norm.weight.dtype  # activations (int8 heads keep fp32 norms and activations)
         self.d2t = head.d2t.tolist() if head.d2t is not None else None
+        self.parallel = getattr(head, "parallel_tokens", 0)  # P-EAGLE: the most tokens one forward proposes
+        if self.parallel:
+            with torch.inference_mode():  # the mask positions' hidden input, once (vLLM keeps it in a buffer too)
+                self.mask_state = head.mask_state().to(self.dtype)  # [1, 1, d]
 
     @classmethod
     def from_spec(cls, spec, target, drafter_lm):
@@ -201,4 +241,4 @@ class MTPDrafter(Drafter):
             "arch": self.head.arch,
             "draft_vocab_size": self.head.draft_vocab_size,
             "min_confidence": self.min_confidence,
-        }
+        } | ({"parallel_tokens": self.parallel} if self.parallel else {})
