@@ -501,10 +501,10 @@ class _Healing:
                         "epoch": self.step / per_epoch,
                         "stage": "rows",
                         "loss": float(loss.detach()),
-                        "per_depth": [float(loss)],
+                        "per_depth": [float(loss.detach())],
                     }
                 )
-                bar.update(1, epoch=epoch + 1, loss=float(loss))
+                bar.update(1, epoch=epoch + 1, loss=float(loss.detach()))
                 if deadline is not None and done_here == TIMING_STEPS:
                     per_step = (time.perf_counter() - t_start) / TIMING_STEPS
                     fit = self.step + int((deadline - time.perf_counter()) / (per_step * 1.08))
@@ -548,7 +548,7 @@ class _Healing:
                 )
                 (loss * (b - a) / r.batch_positions).backward()
                 n += b - a
-                acc_loss += float(loss) * (b - a)
+                acc_loss += float(loss.detach()) * (b - a)
                 bar.update(1)
                 if n >= r.batch_positions:
                     torch.nn.utils.clip_grad_norm_(params, 1.0)
