@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--drafters", default="none,ngram")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--drafter-dtype", default="auto", help="as the CLI's --drafter-dtype (a model drafter's or a head's)")
     ap.add_argument("--kernels", default="auto", help="as the CLI's --kernels (auto, torch, llama.cpp, …)")
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--fixed-k", action="store_true", help="draft k every step (no cost-aware draft length)")
@@ -87,6 +88,7 @@ def main() -> None:
             ngram_first=d.ngram_first,
             device=args.device,
             dtype=args.dtype,
+            drafter_dtype=args.drafter_dtype,
             kernels=args.kernels,
             num_speculative_tokens=args.k,
             **({"cost_aware": False} if args.fixed_k else {}),
