@@ -37,6 +37,7 @@ from .bench.results import BenchResult, ConfigResult, Endpoint
 from .errors import BenchError, LaunchError, VocabBridgeError
 from .prompts import Prompt
 from .spec import DrafterChoice, EngineSpec, cli_args
+from .util import process_table
 from .vllm.backend import choose_backend
 
 T = TypeVar("T")
@@ -214,16 +215,7 @@ def stop_process(proc: subprocess.Popen, *, grace: float = 30.0) -> int:
 
 def _processes() -> dict[int, tuple[int, int, int]]:
     """pid → (parent, process group, start time) of every process (from /proc; empty elsewhere)."""
-    out = {}
-    proc = Path("/proc")
-    for entry in proc.iterdir() if (proc / "self" / "stat").exists() else ():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                out[int(entry.name)] = (int(fields[1]), int(fields[2]), int(fields[19]))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
+    return {pid: (parent, group, start) for pid, (_, parent, group, start) in (process_table() or {}).items()}
 
 
 def _descendants(pid: int) -> set[tuple[int, int, int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -133,3 +134,31 @@ def heartbeat(line: Callable[[float], str | None], *, stream=None, every: float 
     finally:
         stop.set()
         thread.join(1)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM interrupts like SIGINT (KeyboardInterrupt) while the block runs, so what the block
+    started is stopped on the way out (a bare SIGTERM would end the process and leave it running)."""
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def process_table() -> dict[int, tuple[str, int, int, int]] | None:
+    """pid → (state, parent, process group, start time) of every process, from ``/proc``; None where
+    there is no ``/proc`` (not Linux)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    out = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                out[int(entry.name)] = (fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out

@@ -19,13 +19,12 @@ from ..errors import BenchError
 from ..launcher import LaunchSettings, bench_launched
 from ..report import print_sections, to_json
 from ..spec import MODEL_MODES, parse_drafters
-from ..util import heartbeat, progress_every
+from ..util import heartbeat, progress_every, sigterm_interrupts
 from .common import (
     OUTPUT_DIR,
     api_key_option,
     backend_option,
     drafter_methods,
-    interruptible,
     json_option,
     max_num_seqs_option,
     spec_options,
@@ -261,7 +260,7 @@ def bench_cmd(
         prefill_think=prefill_think,
     )
     try:
-        with interruptible(), _Progress() as progress:
+        with sigterm_interrupts(), _Progress() as progress:
             if urls:
                 endpoints = [Endpoint(n, u) for n, u in zip(names or [base_url(u).split("://", 1)[1] for u in urls], urls)]
                 result = bench_urls(endpoints, prompts, settings, api_key=api_key, progress=progress)

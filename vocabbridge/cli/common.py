@@ -4,11 +4,9 @@ Commands parse, call one library function, and render."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -122,17 +120,6 @@ def status(message: str):
         name = f"vocabbridge {prog.info_name}" if prog is not None else "vocabbridge"
         return heartbeat(lambda s: f"{name}: {message.rstrip('…')}… (still working, {s:.0f} s)")
     return Console(stderr=True).status(message)
-
-
-@contextlib.contextmanager
-def interruptible():
-    """SIGTERM interrupts like SIGINT (KeyboardInterrupt) while the block runs, so what it started
-    is stopped on the way out (a bare SIGTERM would end this process and leave its servers running)."""
-    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 # ==== options ===================================================================================

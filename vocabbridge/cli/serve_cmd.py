@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from ..engine.factory import build_engine, preflight
 from ..errors import ConfigError
 from ..presets import resolve_model
 from ..server.runner import bind, serve_in_thread
+from ..util import sigterm_interrupts
 from ..vllm.backend import check, choose_backend, echo_stderr, run_vllm, vllm_command
 from ..vllm.install import inspect_vllm
 from .common import api_key_option, backend_option, max_num_seqs_option, spec_options, status
@@ -111,16 +111,6 @@ def _run_vllm(cmd, host, port) -> int:
     return run_vllm(cmd, host=host, port=port, on_ready=ready, say=_say, echo=echo_stderr)
 
 
-@contextlib.contextmanager
-def _interruptible():
-    """SIGTERM interrupts like SIGINT (KeyboardInterrupt) while the block runs."""
-    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, max_queued_tokens, served_model_name, dry_run) -> None:
     target = resolve_model(spec.target_name)
     drafter = spec.drafter if not spec.uses_model else f"{spec.drafter} ({resolve_model(spec.drafter)})"
@@ -139,7 +129,7 @@ def _serve_embedded(spec, why, host, port, api_key, max_num_seqs, max_queued_tok
     _say(f"loading target {spec.target_name} ({target}) and drafter {drafter}…")
     t0 = time.perf_counter()
     try:
-        with _interruptible(), status("loading models…"):
+        with sigterm_interrupts(), status("loading models…"):
             built = build_engine(spec)
     except KeyboardInterrupt:
         sock.close()

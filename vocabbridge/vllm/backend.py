@@ -52,7 +52,7 @@ from ..mapping.cache import map_cache_path
 from ..presets import PRESETS, resolve_model
 from ..spec import EngineSpec, served_name
 from ..tokenizer import load_tokenizer
-from ..util import atomic_write_text
+from ..util import atomic_write_text, process_table, sigterm_interrupts
 from .config import HEAD_LAYOUTS, PROPOSER_METHODS, engine_only_notes, spec_method, speculative_config, vocabularies_match
 from .install import inspect_vllm, launcher_argv
 from .plugin import MAP_ENV
@@ -440,18 +440,10 @@ def _group_running(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
+    table = process_table()
+    if table is None:
         return True
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-    return False
+    return any(group == pgid and state not in ("Z", "X") for state, _, group, _ in table.values())
 
 
 def health_url(host: str, port: int) -> str:
@@ -480,7 +472,7 @@ def run_vllm(
     if not info.installed or info.problems:
         raise VocabBridgeError(" ".join(info.problems))
     try:
-        with _signals_interrupt():
+        with sigterm_interrupts():
             prepare(cmd, say=say)
     except KeyboardInterrupt:
         say("stopped before vLLM started (interrupted while its files were made ready; run again to go on)")
@@ -544,16 +536,6 @@ def run_vllm(
 
 STOP_GRACE_S = 20.0  # after a forwarded Ctrl-C, how long a serving vLLM may take before its processes are ended
 STARTUP_STOP_GRACE_S = 5.0  # after the SIGTERM that stops a starting vLLM, how long before SIGKILL
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGTERM interrupts like SIGINT (KeyboardInterrupt) while the block runs."""
-    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _wait(server: VllmServer, stopping: threading.Event, ready: threading.Event, say: Callable[[str], None]) -> int:
