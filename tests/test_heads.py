@@ -298,6 +298,7 @@ def test_ngram_first_with_the_mtp_head_stays_lossless_and_uses_both(trained, eng
             dtype="float32",
             drafter_dtype="float32",
             ngram_first=True,
+            cost_aware=False,  # fixed k: the timing-driven length may cut n-gram drafts to none on a busy machine
         ),
         loaded={engine_target.source: engine_target},
     )

@@ -32,7 +32,9 @@ def test_a_head_trained_on_smollm2_drafts_losslessly(smol_model, tmp_path):
     recipe = Recipe(max_prompts=12, new_tokens=24, epochs=1, draft_vocab=4096)
     r = train_head(str(SMOL), tmp_path / "head", recipe, quiet=True, say=lambda m: None)
     assert r.tokens["generated"] > 100 and r.eval["positions"] > 0
-    built = build_engine(EngineSpec(target=str(SMOL), drafter=f"mtp:{tmp_path / 'head'}", num_speculative_tokens=3))
+    built = build_engine(
+        EngineSpec(target=str(SMOL), drafter=f"mtp:{tmp_path / 'head'}", num_speculative_tokens=3, cost_aware=False)
+    )
     assert built.mode == "mtp"
     ids = chat_prompt_ids(built.target.view, [{"role": "user", "content": "Write a Python function that reverses a string."}])
     params = SamplingParams(max_new_tokens=32)

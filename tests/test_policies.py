@@ -1,11 +1,10 @@
 """The draft-length policies: the cost-aware length follows measured row costs and acceptance, and
 the engine stays lossless under it. Tiny random-weight models, no downloads."""
 
-import time
-
 import pytest
 
 from vocabbridge.engine import NgramDrafter, SamplingParams, SpecEngine
+from vocabbridge.engine import engine as engine_module
 from vocabbridge.engine.drafters import NgramFirstDrafter
 from vocabbridge.engine.policies import EXPLORE, REMEASURE, Acceptance, CostAware, RowCosts, row_cost_ratio
 
@@ -123,23 +122,35 @@ def test_greedy_output_stays_identical_to_plain_with_the_cost_aware_length(tiny,
 FIRST, PER_ROW = 0.020, 0.010  # dear rows: 5 cost 3x one, as llama.cpp's Q4_K kernels on 2 AVX2 cores
 
 
-class _DearRows:
-    """The tiny target with dear rows: a forward sleeps ``FIRST`` seconds plus ``PER_ROW`` for every
-    further row (the model's own milliseconds on top)."""
+class _Clock:
+    """A virtual ``time`` for the engine: it moves only when the dear target runs a forward, so the
+    policy sees exactly the modelled costs, whatever else the machine is doing (CI runs tests side
+    by side; wall-clock sleeps there made the measured costs, and the policy's choices, noisy)."""
 
-    def __init__(self, lm):
-        self.lm = lm
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _DearRows:
+    """The tiny target with dear rows: a forward costs ``FIRST`` seconds plus ``PER_ROW`` for every
+    further row, on the virtual clock."""
+
+    def __init__(self, lm, clock: _Clock, per_row: float = PER_ROW):
+        self.lm, self.clock, self.per_row = lm, clock, per_row
 
     def __getattr__(self, name):
         return getattr(self.lm, name)
 
     def session(self):
-        return _DearSession(self.lm.session())
+        return _DearSession(self.lm.session(), self.clock, self.per_row)
 
 
 class _DearSession:
-    def __init__(self, s):
-        self.s = s
+    def __init__(self, s, clock: _Clock, per_row: float):
+        self.s, self.clock, self.per_row = s, clock, per_row
 
     def __len__(self):
         return len(self.s)
@@ -148,7 +159,7 @@ class _DearSession:
         return getattr(self.s, name)
 
     def extend(self, tokens, **kw):
-        time.sleep(FIRST + PER_ROW * (len(tokens) - 1))
+        self.clock.now += FIRST + self.per_row * (len(tokens) - 1)
         return self.s.extend(tokens, **kw)
 
 
@@ -165,8 +176,10 @@ def _modelled_seconds(stats) -> float:
         (PROMPTS[2], False),
     ],
 )
-def test_on_dear_rows_the_cost_aware_engine_drafts_where_drafts_pay(tiny, text, drafts_pay):
-    t = _DearRows(tiny["target"])
+def test_on_dear_rows_the_cost_aware_engine_drafts_where_drafts_pay(tiny, text, drafts_pay, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(engine_module, "time", clock)
+    t = _DearRows(tiny["target"], clock)
     params = SamplingParams(max_new_tokens=64, ignore_eos=True)
     prompt = t.view.encode(text)
     ngram = lambda: NgramDrafter(prompt_lookup_min=1, prompt_lookup_max=3)  # noqa: E731
@@ -199,17 +212,21 @@ def test_whatever_lengths_the_policy_picks_the_output_is_plain(tiny, plain, name
 # ==== the default length policy follows what rows cost ==============================================
 
 
-def test_the_length_policy_follows_the_measured_cost_of_rows(tiny):
+def test_the_length_policy_follows_the_measured_cost_of_rows(tiny, monkeypatch):
+    from vocabbridge.engine import policies
     from vocabbridge.engine.factory import draft_length_policy
     from vocabbridge.spec import EngineSpec
 
+    clock = _Clock()
+    monkeypatch.setattr(policies, "time", clock)
     t = tiny["target"]
+    dear_rows, cheap_rows = _DearRows(t, clock), _DearRows(t, clock, per_row=0.001)
     spec = EngineSpec(target=t.source, drafter="ngram", num_speculative_tokens=4)
-    assert row_cost_ratio(_DearRows(t), 5) > 2.0  # sleeps 20 ms + 10 ms a further row: 60 / 20 ms
-    dear, why = draft_length_policy(spec, _DearRows(t))
-    assert dear and why.startswith("cost-aware (5 rows measured") and "dear" in why
-    cheap, why = draft_length_policy(spec, t)  # the tiny model's rows cost next to nothing more
-    assert not cheap and why.startswith("fixed k=4 (5 rows measured") and "cheap" in why
-    assert draft_length_policy(spec.replace(cost_aware=False), _DearRows(t)) == (False, "fixed k=4 (asked for)")
+    assert row_cost_ratio(dear_rows, 5) == pytest.approx(3.0)  # 20 ms + 10 ms a further row: 60 / 20 ms
+    dear, why = draft_length_policy(spec, dear_rows)
+    assert dear and why.startswith("cost-aware (5 rows measured 3.00x") and "dear" in why
+    cheap, why = draft_length_policy(spec, cheap_rows)  # 24 / 20 ms: the int8 target's kind of rows
+    assert not cheap and why.startswith("fixed k=4 (5 rows measured 1.20x") and "cheap" in why
+    assert draft_length_policy(spec.replace(cost_aware=False), dear_rows) == (False, "fixed k=4 (asked for)")
     assert draft_length_policy(spec.replace(cost_aware=True), t) == (True, "cost-aware (asked for)")
-    assert draft_length_policy(spec.replace(drafter="none"), _DearRows(t)) == (False, "")
+    assert draft_length_policy(spec.replace(drafter="none"), dear_rows) == (False, "")

@@ -257,7 +257,7 @@ def test_eval_drafter_layers_sweeps_in_one_run(deep_dir, tmp_path):
 
 
 def test_self_speculation_is_lossless_on_the_real_model(smol):  # noqa: F811
-    spec = EngineSpec(target=str(SMOL), drafter="self:28", num_speculative_tokens=3)
+    spec = EngineSpec(target=str(SMOL), drafter="self:28", num_speculative_tokens=3, cost_aware=False)
     built = build_engine(spec, loaded=smol)
     params = SamplingParams(max_new_tokens=24)
     ids = chat_prompt_ids(built.target.view, [{"role": "user", "content": REAL_PROMPTS[0]}])

@@ -19,6 +19,8 @@ sits out, so it is tried again now and then.
 
 from __future__ import annotations
 
+import time
+
 REMEASURE = 32  # forwards after which the cost-aware policy re-measures a plain step's cost
 EXPLORE = 16  # steps after which the cost-aware policy tries a model drafter that sat them out
 
@@ -278,8 +280,6 @@ def row_cost_ratio(lm, rows: int, *, context: int = 32, repeats: int = 5) -> flo
     ``context``-token prompt (the fastest of ``repeats``: a busy machine only ever adds time, so the
     minimum is the figure least moved by it): the figure that decides whether drafting needs
     the cost-aware length (llama.cpp's kernels on 2 AVX2 cores: ~2.8 for 5 rows; int8: ~1.1-1.4)."""
-    import time
-
     rows = max(1, min(rows, lm.max_context - context))
     ids = [(97 * i + 13) % lm.vocab_size for i in range(context + rows)]
     s = lm.session()
