@@ -39,6 +39,14 @@ def unit():
     ext.set_isa(UNITS[-1])
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """An engine on the q4 target sets torch's threads to one for the process; later tests get theirs back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 def test_a_missing_extension_is_refused_with_the_fix(monkeypatch):
     from vocabbridge.errors import ConfigError
 
@@ -91,6 +99,37 @@ def test_threads_do_not_change_results():
     finally:
         ext.set_threads(before)
     assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+
+
+@pytest.mark.parametrize("H, H_kv, d, L, R", [(12, 2, 128, 300, 5), (4, 4, 24, 37, 3), (6, 2, 20, 50, 8), (2, 1, 8, 1, 1)])
+def test_attention_gives_each_row_its_own_result_close_to_sdpa(H, H_kv, d, L, R, unit):
+    """The extension's attention: every query row equals the row alone over the keys up to its
+    position, bit for bit, on every vector unit; and it is causal attention (torch's SDPA, 1e-6)."""
+    g = torch.Generator().manual_seed(L)
+    q, k, v = (
+        torch.randn(1, H, R, d, generator=g),
+        torch.randn(1, H_kv, L, d, generator=g),
+        torch.randn(1, H_kv, L, d, generator=g),
+    )
+    out = q4.attention(None, q, k, v)[0]
+    assert out.shape == (1, R, H, d)
+    mask = torch.ones(R, L, dtype=torch.bool).tril(L - R)
+    kk, vv = (t.repeat_interleave(H // H_kv, 1) for t in (k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask).transpose(1, 2)
+    assert (out - ref).abs().max() < 2e-6
+    for r in range(R):
+        n = L - R + r + 1
+        assert torch.equal(q4.attention(None, q[:, :, r : r + 1], k[:, :, :n], v[:, :, :n])[0][:, 0], out[:, r]), r
+    for u in UNITS:
+        ext.set_isa(u)
+        assert torch.equal(q4.attention(None, q, k, v)[0], out), u
+
+
+def test_attention_refuses_a_bad_shape():
+    with pytest.raises(ValueError, match="bad attention shape"):
+        ext.attend(0, 0, 0, 0, 3, 4, 3, 8, 10, 1.0)  # 4 heads over 3 key heads
+    with pytest.raises(ValueError, match="one sequence"):
+        q4.attention(None, torch.randn(2, 2, 1, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8))
 
 
 def test_results_are_close_to_the_float_layer():

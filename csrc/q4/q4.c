@@ -439,6 +439,134 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
     }
 }
 
+/* ==== attention ===============================================================================
+ * Causal attention for one sequence: R query rows, the last R positions of a cache of L keys. Each
+ * (row, head) is computed on its own, in one fixed order, so its result does not depend on R, on
+ * the keys past its own position, on the thread that computes it or on the vector unit:
+ *   s_j = dot(q, k_j) * scale for the keys j <= the row's position; the dot in 8 lanes (lane l
+ *         sums the products of inputs l, l + 8, … by fma, in order), the lanes added as
+ *         ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7))
+ *   e_j = expf(s_j - max_j s_j), z = e_0 + e_1 + … in order
+ *   o = fma(e_j, v_j, o) over j in order, each output element on its own; then o / z
+ * The vector path needs d % 8 == 0 (else every call takes the scalar one, the same arithmetic).
+ * The torch version (invariant.invariant_attention) gets the same property from fixed shapes and
+ * pays for it with padding copies and a dozen small ops a layer; here it is a loop over the keys. */
+typedef struct {
+    const float *q;    /* [H][R][d] */
+    const float *k;    /* [Hkv][L][d] */
+    const float *v;    /* [Hkv][L][d] */
+    float *out;        /* [R][H][d] */
+    int R, H, Hkv, d, L, isa;
+    float scale;
+    _Atomic int failed;
+} AttJob;
+
+static float lanes_sum(const float a[8]) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+static void scores_scalar(const float *q, const float *k, int n, int d, float scale, float *s) {
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + (size_t)j * d;
+        float a[8] = {0};
+        for (int i = 0; i < d; i++) a[i & 7] = fmaf(q[i], kj[i], a[i & 7]);
+        s[j] = lanes_sum(a) * scale;
+    }
+}
+
+static float softmax_exps(float *s, int n) { /* s_j -> e_j in place; returns z (shared by every path) */
+    float m = s[0], z = 0.f;
+    for (int j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        z += s[j];
+    }
+    return z;
+}
+
+static void weigh_scalar(const float *e, const float *v, int n, int d, float z, float *o) {
+    for (int i = 0; i < d; i++) o[i] = 0.f;
+    for (int j = 0; j < n; j++) {
+        const float *vj = v + (size_t)j * d;
+        for (int i = 0; i < d; i++) o[i] = fmaf(e[j], vj[i], o[i]);
+    }
+    for (int i = 0; i < d; i++) o[i] = o[i] / z;
+}
+
+#ifdef Q4_X86
+AVX2_FN static void scores_avx2(const float *q, const float *k, int n, int d, float scale, float *s) {
+    float a[8] __attribute__((aligned(32)));
+    int j = 0;
+    for (; j + 4 <= n; j += 4) { /* four keys side by side: four chains, each the one-key arithmetic */
+        const float *k0 = k + (size_t)j * d, *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < d; i += 8) {
+            const __m256 x = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k3 + i), a3);
+        }
+        _mm256_store_ps(a, a0);
+        s[j] = lanes_sum(a) * scale;
+        _mm256_store_ps(a, a1);
+        s[j + 1] = lanes_sum(a) * scale;
+        _mm256_store_ps(a, a2);
+        s[j + 2] = lanes_sum(a) * scale;
+        _mm256_store_ps(a, a3);
+        s[j + 3] = lanes_sum(a) * scale;
+    }
+    for (; j < n; j++) {
+        const float *kj = k + (size_t)j * d;
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), acc);
+        _mm256_store_ps(a, acc);
+        s[j] = lanes_sum(a) * scale;
+    }
+}
+
+AVX2_FN static void weigh_avx2(const float *e, const float *v, int n, int d, float z, float *o) {
+    for (int c = 0; c < d; c += 64) { /* up to 8 vectors of the output at a time, in registers */
+        const int nv = (d - c) / 8 < 8 ? (d - c) / 8 : 8;
+        __m256 acc[8];
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const __m256 ej = _mm256_set1_ps(e[j]);
+            const float *vj = v + (size_t)j * d + c;
+            for (int t = 0; t < nv; t++) acc[t] = _mm256_fmadd_ps(ej, _mm256_loadu_ps(vj + 8 * t), acc[t]);
+        }
+        const __m256 zz = _mm256_set1_ps(z);
+        for (int t = 0; t < nv; t++) _mm256_storeu_ps(o + c + 8 * t, _mm256_div_ps(acc[t], zz));
+    }
+}
+#endif
+
+static void attend_units(const AttJob *jb, int u0, int u1) {
+    const int d = jb->d, groups = jb->H / jb->Hkv;
+    float *s = malloc(sizeof(float) * (size_t)jb->L);
+    if (!s) {
+        atomic_store(&((AttJob *)jb)->failed, 1);
+        return;
+    }
+#ifdef Q4_X86
+    const int vec = jb->isa >= ISA_AVX2 && d % 8 == 0;
+#endif
+    for (int u = u0; u < u1; u++) {
+        const int h = u / jb->R, r = u % jb->R, n = jb->L - jb->R + r + 1; /* this row sees keys 0 … its position */
+        const float *q = jb->q + ((size_t)h * jb->R + r) * d;
+        const size_t kv = (size_t)(h / groups) * jb->L * d;
+        float *o = jb->out + ((size_t)r * jb->H + h) * d;
+#ifdef Q4_X86
+        if (vec) {
+            scores_avx2(q, jb->k + kv, n, d, jb->scale, s);
+            weigh_avx2(s, jb->v + kv, n, d, softmax_exps(s, n), o);
+            continue;
+        }
+#endif
+        scores_scalar(q, jb->k + kv, n, d, jb->scale, s);
+        weigh_scalar(s, jb->v + kv, n, d, softmax_exps(s, n), o);
+    }
+    free(s);
+}
+
 /* ==== packing ================================================================================= */
 
 static inline int nearest_int(float fval) { /* ggml's: round half to even for |fval| < 2^22 */
@@ -641,7 +769,7 @@ static struct {
 /* ==== a small thread pool: workers spin briefly, then sleep on a futex ======================== */
 
 #define MAX_THREADS 64
-enum { JOB_MATMUL = 0, JOB_PACK = 1 };
+enum { JOB_MATMUL = 0, JOB_PACK = 1, JOB_ATTEND = 2 };
 
 static struct {
     pthread_mutex_t call; /* one caller at a time */
@@ -707,10 +835,11 @@ static unsigned wait_change(_Atomic unsigned *addr, unsigned val, _Atomic unsign
 }
 
 static void run_part(int part) {
-    /* units (column groups) split into contiguous ranges, one per part */
+    /* units (column groups, or attention's (head, row) pairs) split into contiguous ranges, one per part */
     const int u0 = (int)((long)pool.units * part / pool.parts), u1 = (int)((long)pool.units * (part + 1) / pool.parts);
     if (u0 >= u1) return;
     if (pool.kind == JOB_MATMUL) matmul_groups((const MatJob *)pool.job, u0, u1);
+    else if (pool.kind == JOB_ATTEND) attend_units((const AttJob *)pool.job, u0, u1);
     else pack_groups((const PackJob *)pool.job, u0, u1);
 }
 
@@ -898,6 +1027,24 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* attend(q, k, v, out, R, H, Hkv, d, L, scale): causal attention of the last R of L positions,
+ * q [H][R][d], k and v [Hkv][L][d], out [R][H][d], all float32 and contiguous. */
+static PyObject *py_attend(PyObject *self, PyObject *args) {
+    unsigned long long q, k, v, out;
+    int R, H, Hkv, d, L;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KKKKiiiiif", &q, &k, &v, &out, &R, &H, &Hkv, &d, &L, &scale)) return NULL;
+    if (R < 1 || L < R || H < 1 || Hkv < 1 || H % Hkv || d < 1) {
+        PyErr_Format(PyExc_ValueError, "bad attention shape: R=%d L=%d H=%d Hkv=%d d=%d", R, L, H, Hkv, d);
+        return NULL;
+    }
+    AttJob jb = {(const float *)(uintptr_t)q, (const float *)(uintptr_t)k, (const float *)(uintptr_t)v, (float *)(uintptr_t)out,
+                 R, H, Hkv, d, L, isa_used, scale, 0};
+    Py_BEGIN_ALLOW_THREADS pool_run(JOB_ATTEND, &jb, H * R);
+    Py_END_ALLOW_THREADS if (atomic_load(&jb.failed)) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *args) {
     int n;
     if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
@@ -957,6 +1104,7 @@ static PyMethodDef methods[] = {
     {"pack_q4k", py_pack_q4k, METH_VARARGS, "pack_q4k(src, N, K, perm, out): repack GGUF Q4_K rows [N][K/256][144 bytes]"},
     {"dequantize", py_dequantize, METH_VARARGS, "dequantize(packed, N, K, out): the float weights [N][K]"},
     {"matmul", py_matmul, METH_VARARGS, "matmul(packed, N, K, x, R, y, bias): y[R][N] = x[R][K] W^T (+ bias)"},
+    {"attend", py_attend, METH_VARARGS, "attend(q, k, v, out, R, H, Hkv, d, L, scale): causal attention, each row on its own"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): threads splitting the columns, the caller included"},
     {"threads", py_get_threads, METH_NOARGS, "threads() -> the thread count"},
     {"set_spin_us", py_set_spin_us, METH_VARARGS, "set_spin_us(us): how long a waiting thread spins before it sleeps"},

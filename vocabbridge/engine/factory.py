@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ..errors import ConfigError
 from ..mapping import load_map
 from ..presets import PRESETS, resolve_model
@@ -167,6 +169,9 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
             key = f"{src}@q4"
             if key not in loaded:
                 loaded[key] = load_q4_lm(src, tokenizer=views.get(src))
+            # torch's ops (the sampling, a torch drafter) on one thread too: after an op it splits, torch's
+            # OpenMP thread spins for milliseconds on the core the q4 kernel's worker needs (~7 ms a step)
+            torch.set_num_threads(1)
             return loaded[key]
         rows = INVARIANT_ROWS if target and dtype in QUANTIZED else None  # an int8 target: batch-invariant
         key = (src if dtype == spec.dtype else f"{src}@{dtype}") + (f"/rows={rows}" if rows else "")

@@ -163,6 +163,10 @@ class CausalLM:
     forwards: int = field(default=0)  # every forward call, for stats
     rows: int | None = None  # at most this many rows a verification forward (batch invariance; see KVSession.extend)
     min_rows: int | None = None  # decode-time forwards padded to this many rows (None: to ``rows``; 1: unpadded)
+    # torch's intra-op threads while this model computes (None: as set). The q4 target runs its small
+    # torch ops on one: torch's OpenMP threads spin after every op and took the core the q4 kernel's
+    # worker needed (the 1.5B's one-row forward 156 ms with 2, 98 ms with 1, on 2 cores).
+    torch_threads: int | None = None
 
     @property
     def plain_rows(self) -> int:
@@ -195,6 +199,20 @@ class CausalLM:
     @property
     def name(self) -> str:
         return Path(self.source).name or self.source
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """torch's intra-op thread count set to ``n`` inside, restored after (None: left alone)."""
+    before = torch.get_num_threads()
+    if not n or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -382,6 +400,10 @@ class KVSession(CacheSession):
         return (logits, torch.cat(hiddens)) if hidden else logits
 
     def _forward(self, tokens: list[int], keep: int, hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch_threads(self.lm.torch_threads):
+            return self._run(tokens, keep, hidden)
+
+    def _run(self, tokens: list[int], keep: int, hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = torch.tensor([tokens], dtype=torch.long, device=self.lm.device)  # [1, S]
         kv = {self.lm.cache_kwarg: self.cache}
         seen: list[torch.Tensor] = []  # the final norm's output, caught on its way to the lm_head

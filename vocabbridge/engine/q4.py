@@ -1,5 +1,6 @@
-"""The q4 target: the int8 invariant target's forward (:mod:`.invariant`: the same attention, norms and
-row plan) with every linear on our own 4-bit CPU matmul (``vocabbridge._q4``, ``csrc/q4/q4.c``).
+"""The q4 target: the int8 invariant target's forward (:mod:`.invariant`: the same norms and row plan)
+with every linear on our own 4-bit CPU matmul and the attention on our own loop over the keys
+(``vocabbridge._q4``, ``csrc/q4/q4.c``), torch's own ops on one thread (the kernels' pool has the cores).
 
 Why a kernel of our own: on a CPU, speculative decoding pays only if a forward over k + 1 rows costs
 little more than one row. A one-row forward reads every weight once; more rows need only more
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .invariant import FUSE, FusedPart, files_fingerprint, register_attention
+from .invariant import FUSE, FusedPart, files_fingerprint
 
 try:
     from .. import _q4 as _ext
@@ -47,6 +49,7 @@ except ImportError as e:  # built without a C compiler, or a checkout never inst
     _ext = None
     BUILD_ERROR = str(e)
 
+ATTENTION = "vocabbridge_q4"
 FORMAT = "2"  # bump when the packed layout or the quantizer changes (the cache key holds it)
 INSTALL_HINT = (
     "--kernels q4 needs vocabbridge's compiled extension vocabbridge._q4 (csrc/q4/q4.c), which pip builds with the "
@@ -82,8 +85,16 @@ def _self_check() -> None:
         _ext.matmul(m.ptr, 48, 700, x.data_ptr(), 9, y.data_ptr(), 0)
         return y
 
-    want = run("scalar")
-    good = [u for u in units if torch.equal(run(u), want)]
+    q, k, v = (torch.randn(s, generator=g) for s in [(4, 3, 24), (2, 37, 24), (2, 37, 24)])
+
+    def attend(unit):
+        _ext.set_isa(unit)
+        out = torch.empty(3, 4, 24)
+        _ext.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 3, 4, 2, 24, 37, 0.2)
+        return out
+
+    want, want_att = run("scalar"), attend("scalar")
+    good = [u for u in units if torch.equal(run(u), want) and torch.equal(attend(u), want_att)]
     _ext.set_isa(good[-1])
     if good[-1] != units[-1]:
         import warnings
@@ -401,9 +412,46 @@ def gguf_of(source: str) -> Path | None:
     return path if path.is_file() and path.suffix == ".gguf" else None
 
 
+def attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
+    """Causal attention for one sequence whose cache holds everything before the queries (the engine's
+    sessions), on the extension's kernel: each query row and head computed on its own in one fixed
+    order (``csrc/q4/q4.c``), so a row's result does not depend on the rows beside it, on the keys past
+    its position, on the thread or on the vector unit. The q4 target's attention, a transformers
+    attention function: query [1, H, q, d], key/value [1, H_kv, L, d] → [1, q, H, d]. Where the
+    torch version (:func:`.invariant.invariant_attention`) pads the queries and keys to fixed shapes
+    and runs a dozen small ops a layer (~17 ms of the 1.5B's one-row forward), this is a loop.
+
+    >>> q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)  # doctest: +SKIP
+    >>> torch.equal(attention(None, q, k, v)[0][:, 2], attention(None, q[:, :, 2:], k, v)[0][:, 0])  # doctest: +SKIP
+    True
+    """
+    B, H, R, d = query.shape
+    H_kv, L = key.shape[1], key.shape[2]
+    if B != 1:
+        raise ValueError(f"the q4 attention runs one sequence at a time, got a batch of {B}")
+    q = query[0].float().contiguous()
+    k, v = key[0].float().contiguous(), value[0].float().contiguous()
+    out = torch.empty(1, R, H, d)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+    require().attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), R, H, H_kv, d, L, scale)
+    return out.to(query.dtype), None
+
+
+def register_attention() -> str:
+    """Register :func:`attention` with transformers (once); returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from .invariant import _no_mask
+
+    AttentionInterface.register(ATTENTION, attention)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+    return ATTENTION
+
+
 def make_q4(model: torch.nn.Module, *, source: str | None = None, cache: bool = True, say=None) -> dict:
-    """Turn a loaded fp32 CPU model into the q4 target (in place): 4-bit linears, the invariant
-    attention (:func:`.invariant.invariant_attention`). ``source``: the model's file or folder (its
+    """Turn a loaded fp32 CPU model into the q4 target (in place): 4-bit linears, the row-invariant
+    attention of the extension (:func:`attention`). ``source``: the model's file or folder (its
     GGUF's Q4_K tensors are used as they are; its packed weights are cached under it)."""
     require()
     set_threads()
@@ -432,6 +480,7 @@ def load_q4_lm(source: str, *, tokenizer=None, threads: int | None = None, rows:
     set_threads(threads)
     make_q4(lm.model, source=lm.source)
     lm.rows = rows or INVARIANT_ROWS
+    lm.torch_threads = 1  # the kernel's own threads do the work; see CausalLM.torch_threads
     lm.min_rows = 1 if _lone_rows_probed(lm) else lm.rows
     lm.load_seconds = time.perf_counter() - t0
     return lm

@@ -304,11 +304,12 @@ def govern_threads(target, drafter_lm=None, *, allowed: int | None = None) -> tu
 
     def set_torch(n: int) -> None:  # torch also runs the sampling and any torch drafter
         torch.set_num_threads(n)
-        if q4 is not None:
-            q4.set_threads(n)
 
-    torch_name = "torch+q4 target" if q4 else "torch target" if torch_target else "torch (CPU side: drafter, sampling)"
-    knobs = [_knob(torch_name, set_torch, target if torch_target else None, counts, torch.get_num_threads())]
+    if q4 is not None:  # torch's own ops stay on one thread (see load_q4_lm); the kernel's pool has the cores
+        knobs = [_knob("q4 target", q4.set_threads, target, counts, q4.require().threads())]
+    else:
+        torch_name = "torch target" if torch_target else "torch (CPU side: drafter, sampling)"
+        knobs = [_knob(torch_name, set_torch, target if torch_target else None, counts, torch.get_num_threads())]
     for lm in (target, drafter_lm):
         if isinstance(lm, LlamaCppLM):
             role = "target" if lm is target else "drafter"
