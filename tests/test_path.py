@@ -22,6 +22,29 @@ def test_a_gguf_target_runs_on_llama_cpps_kernels_where_they_are_installed(gguf,
     assert p.apply(EngineSpec(target=gguf)).kernels == "llama.cpp"
 
 
+def test_a_gguf_nearly_all_q4k_drafts_on_our_q4_kernels_and_a_q4_k_m_file_is_told_of_them(gguf, monkeypatch):
+    monkeypatch.setattr(P, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(P, "q4_built", lambda: True)
+    monkeypatch.setattr(P, "q4k_share", lambda source: 0.97)  # a Q4_K_S file
+    p = P.choose_path(EngineSpec(target=gguf, drafter="ngram"), device="cpu")
+    assert (p.kernels, p.dtype) == ("q4", "q4") and "97% Q4_K" in p.why and p.apply(EngineSpec(target=gguf)).kernels == "q4"
+    assert P.choose_path(EngineSpec(target=gguf), device="cpu").kernels == "llama.cpp"  # no drafter: level with llama.cpp
+    monkeypatch.setattr(P, "q4k_share", lambda source: 0.64)  # Qwen2.5-Coder-1.5B's Q4_K_M: a third Q6_K
+    p = P.choose_path(EngineSpec(target=gguf, drafter="ngram"), device="cpu")
+    assert p.kernels == "llama.cpp" and "--kernels q4 is faster with a drafter" in p.why and "36% of the weights" in p.why
+    monkeypatch.setattr(P, "q4_built", lambda: False)
+    assert "--kernels q4" not in P.choose_path(EngineSpec(target=gguf, drafter="ngram"), device="cpu").why
+
+
+def test_the_q4k_share_of_real_ggufs():
+    from .test_real_models import SMOL
+
+    if not SMOL.is_file():
+        pytest.skip(f"needs {SMOL} (../shared/tools/fetch-models.sh DEST smollm2-135m, then VOCABBRIDGE_MODELS=DEST)")
+    assert P.q4k_share(str(SMOL)) == 0.0  # Q4_1 and Q8_0
+    assert P.q4k_share(str(SMOL.parent / "no-such.gguf")) is None
+
+
 def test_without_llama_cpp_or_without_a_gguf_the_int8_target(gguf, tmp_path, monkeypatch):
     monkeypatch.setattr(P, "llama_cpp_installed", lambda: False)
     p = P.choose_path(EngineSpec(target=gguf), device="cpu")
