@@ -287,3 +287,23 @@ def test_a_busy_neighbour_takes_a_thread():
     finally:
         neighbour.kill()
         neighbour.wait()
+
+
+def test_a_model_with_its_own_torch_thread_count_computes_on_it_and_gives_the_count_back():
+    """CausalLM.torch_threads (the q4 target: 1, so torch's spinning OpenMP thread leaves the
+    kernel's worker its core): torch runs that many threads inside the model's forwards only."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("needs two torch threads to tell the counts apart")
+    model = _tiny("qwen2")
+    lm = _lm(model, rows=None, min_rows=None)
+    lm.torch_threads = 1
+    seen = []
+    model.model.layers[0].register_forward_hook(lambda *a: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    s = lm.session()
+    s.extend([5, 6, 7])
+    s.extend([8])
+    assert seen == [1, 1] and torch.get_num_threads() == before
+    lm.torch_threads = None
+    s.extend([9])
+    assert seen[-1] == before
