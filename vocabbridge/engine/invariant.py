@@ -278,14 +278,15 @@ def _no_mask(*args, **kwargs):
     return None
 
 
-def register_attention() -> str:
-    """Register :func:`invariant_attention` with transformers (once); returns its name."""
+def register_attention(name: str = ATTENTION, fn=invariant_attention) -> str:
+    """Register an attention function for one engine session's sequence (:func:`invariant_attention`
+    by default) with transformers, with no mask built for it; returns its name."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(ATTENTION, invariant_attention)
-    AttentionMaskInterface.register(ATTENTION, _no_mask)
-    return ATTENTION
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, _no_mask)
+    return name
 
 
 def make_invariant(model: torch.nn.Module) -> None:

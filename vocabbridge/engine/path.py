@@ -127,10 +127,9 @@ def q4k_share(source: str) -> float | None:
     try:
         from gguf import GGMLQuantizationType, GGUFReader
 
-        p = Path(resolve_model(source)).expanduser()
-        if p.is_dir():
-            found = sorted(p.glob("*.gguf"))
-            p = found[0] if len(found) == 1 else p
+        from .q4 import gguf_of
+
+        p = gguf_of(resolve_model(source))
         tensors = [t for t in GGUFReader(str(p)).tensors if len(t.shape) == 2]
     except Exception:  # not a GGUF, a truncated one, gguf missing: no opinion
         return None

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .invariant import FUSE, FusedPart, files_fingerprint
+from .invariant import FUSE, FusedPart, files_fingerprint, register_attention
 
 try:
     from .. import _q4 as _ext
@@ -437,18 +437,6 @@ def attention(module, query, key, value, attention_mask=None, scaling=None, drop
     return out.to(query.dtype), None
 
 
-def register_attention() -> str:
-    """Register :func:`attention` with transformers (once); returns its name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    from .invariant import _no_mask
-
-    AttentionInterface.register(ATTENTION, attention)
-    AttentionMaskInterface.register(ATTENTION, _no_mask)
-    return ATTENTION
-
-
 def make_q4(model: torch.nn.Module, *, source: str | None = None, cache: bool = True, say=None) -> dict:
     """Turn a loaded fp32 CPU model into the q4 target (in place): 4-bit linears, the row-invariant
     attention of the extension (:func:`attention`). ``source``: the model's file or folder (its
@@ -458,7 +446,7 @@ def make_q4(model: torch.nn.Module, *, source: str | None = None, cache: bool = 
     say = say or (lambda msg: print(f"vocabbridge: {msg}", file=sys.stderr, flush=True))
     folder = cache_folder(source, model) if source and cache else None
     counts = quantize_model(model, gguf=gguf_of(source) if source else None, cache=folder, say=say)
-    name = register_attention()
+    name = register_attention(ATTENTION, attention)
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
     else:
