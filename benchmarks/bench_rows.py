@@ -65,8 +65,13 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=300, help="tokens in the cache before the measured forward")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--backends", default="fp32,int8-naive,int8-invariant,llama.cpp,llama.cpp-invariant,q4")
+    ap.add_argument("--threads", type=int, help="threads for every backend (default: each backend's own; llama.cpp: all cores)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     known = ("fp32", "int8-naive", "int8-invariant", "llama.cpp", "llama.cpp-invariant", "q4")
     unknown = [b for b in args.backends.split(",") if b not in known]
     if unknown:
@@ -78,11 +83,11 @@ def main() -> None:
         if name.startswith("llama.cpp"):
             from vocabbridge.engine.llama_cpp import load_llama_cpp_lm
 
-            lm = load_llama_cpp_lm(src, invariant=name.endswith("invariant"))
+            lm = load_llama_cpp_lm(src, invariant=name.endswith("invariant"), threads=args.threads)
         elif name == "q4":
             from vocabbridge.engine.q4 import load_q4_lm
 
-            lm = load_q4_lm(src)
+            lm = load_q4_lm(src, threads=args.threads)
             lm.rows = None  # the rows as given (the engine verifies up to INVARIANT_ROWS a forward)
         else:
             from vocabbridge.engine.model import load_causal_lm
@@ -100,7 +105,7 @@ def main() -> None:
         lines.append(f"| {name} | {cells} | **{t[5] / t[1]:.2f}** |")
     table = "\n".join(lines)
     cmd = "VOCABBRIDGE_MODELS=... python benchmarks/bench_rows.py " + " ".join(sys.argv[1:])
-    cpu = f"{os.cpu_count()} cores; {vector_units()}"
+    cpu = f"{os.cpu_count()} cores ({args.threads or 'default'} threads); {vector_units()}"
     text = f"# One forward's cost by rows: {args.target}, {args.context}-token cache\n\n`{cmd}`\n\n{cpu}\n\n{table}\n"
     print(text)
     if args.out:
