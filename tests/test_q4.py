@@ -267,3 +267,26 @@ def test_real_gguf_verification_equals_plain_rows_bit_for_bit():
     assert sum(m.exact for m in lm.model.modules() if isinstance(m, q4.Q4Linear)) == 12  # its Q4_K ffn_down
     for k in (1, 4, 7):
         assert worst_difference(lm, KEY_BLOCK + 20, k, steps=10, vocab=lm.vocab_size) == 0.0, k
+
+
+def test_attention_reads_a_cache_with_room_and_fused_query_rows_in_place(unit):
+    """attend(..., room, q_row): keys and values in a buffer longer than L, the queries inside a
+    fused q/k/v row; the same bits as the contiguous call, on every vector unit."""
+    H, H_kv, d, L, R, room = 6, 2, 24, 40, 4, 64
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, H, R, d, generator=g)
+    k, v = torch.randn(1, H_kv, L, d, generator=g), torch.randn(1, H_kv, L, d, generator=g)
+    want = q4.attention(None, q, k, v)[0][0]  # [R, H, d]
+    kbuf, vbuf = torch.full((H_kv, room, d), float("nan")), torch.full((H_kv, room, d), float("nan"))
+    kbuf[:, :L], vbuf[:, :L] = k[0], v[0]
+    fused = torch.randn(R, (H + 2 * H_kv) * d, generator=g)  # q's heads first, as the fused matmul writes them
+    fused[:, : H * d] = q[0].transpose(0, 1).reshape(R, H * d)
+    for u in UNITS:
+        ext.set_isa(u)
+        out = torch.empty(R, H, d)
+        ext.attend(
+            fused.data_ptr(), kbuf.data_ptr(), vbuf.data_ptr(), out.data_ptr(), R, H, H_kv, d, L, d**-0.5, room, fused.shape[1]
+        )
+        assert torch.equal(out, want), u
+    with pytest.raises(ValueError, match="bad attention shape"):
+        ext.attend(0, 0, 0, 0, R, H, H_kv, d, L, 1.0, L - 1)  # less room than keys

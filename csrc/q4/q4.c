@@ -452,13 +452,14 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
  * The torch version (invariant.invariant_attention) gets the same property from fixed shapes and
  * pays for it with padding copies and a dozen small ops a layer; here it is a loop over the keys. */
 typedef struct {
-    const float *q;    /* [H][R][d] */
-    const float *k;    /* [Hkv][L][d] */
-    const float *v;    /* [Hkv][L][d] */
+    const float *q;    /* row r of head h at q + h * qh + r * qr */
+    const float *k;    /* head g's key j at k + g * kvh + j * d (a cache with room past L: kvh > L * d) */
+    const float *v;    /* as k */
     float *out;        /* [R][H][d] */
     int R, H, Hkv, d, L, isa;
     float scale;
     _Atomic int failed;
+    size_t qh, qr, kvh; /* strides in floats */
 } AttJob;
 
 static float lanes_sum(const float a[8]) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
@@ -551,8 +552,8 @@ static void attend_units(const AttJob *jb, int u0, int u1) {
 #endif
     for (int u = u0; u < u1; u++) {
         const int h = u / jb->R, r = u % jb->R, n = jb->L - jb->R + r + 1; /* this row sees keys 0 … its position */
-        const float *q = jb->q + ((size_t)h * jb->R + r) * d;
-        const size_t kv = (size_t)(h / groups) * jb->L * d;
+        const float *q = jb->q + (size_t)h * jb->qh + (size_t)r * jb->qr;
+        const size_t kv = (size_t)(h / groups) * jb->kvh;
         float *o = jb->out + ((size_t)r * jb->H + h) * d;
 #ifdef Q4_X86
         if (vec) {
@@ -1027,19 +1028,25 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* attend(q, k, v, out, R, H, Hkv, d, L, scale): causal attention of the last R of L positions,
- * q [H][R][d], k and v [Hkv][L][d], out [R][H][d], all float32 and contiguous. */
+/* attend(q, k, v, out, R, H, Hkv, d, L, scale[, room, q_row]): causal attention of the last R of
+ * L positions, out [R][H][d], all float32. k and v [Hkv][room][d] (room >= L, default L: a cache with
+ * space for more keys is read in place); q [H][R][d], or where q_row > 0 row r's heads side by side
+ * at q + r * q_row (a fused q/k/v matmul's output as it is, no copy). Only the addresses change with
+ * them: the arithmetic is the same. */
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     unsigned long long q, k, v, out;
-    int R, H, Hkv, d, L;
+    int R, H, Hkv, d, L, room = 0, q_row = 0;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKiiiiif", &q, &k, &v, &out, &R, &H, &Hkv, &d, &L, &scale)) return NULL;
-    if (R < 1 || L < R || H < 1 || Hkv < 1 || H % Hkv || d < 1) {
-        PyErr_Format(PyExc_ValueError, "bad attention shape: R=%d L=%d H=%d Hkv=%d d=%d", R, L, H, Hkv, d);
+    if (!PyArg_ParseTuple(args, "KKKKiiiiif|ii", &q, &k, &v, &out, &R, &H, &Hkv, &d, &L, &scale, &room, &q_row))
+        return NULL;
+    if (!room) room = L;
+    if (R < 1 || L < R || room < L || q_row < 0 || (q_row && q_row < H * d) || H < 1 || Hkv < 1 || H % Hkv || d < 1) {
+        PyErr_Format(PyExc_ValueError, "bad attention shape: R=%d L=%d room=%d H=%d Hkv=%d d=%d", R, L, room, H, Hkv, d);
         return NULL;
     }
     AttJob jb = {(const float *)(uintptr_t)q, (const float *)(uintptr_t)k, (const float *)(uintptr_t)v, (float *)(uintptr_t)out,
-                 R, H, Hkv, d, L, isa_used, scale, 0};
+                 R, H, Hkv, d, L, isa_used, scale, 0,
+                 q_row ? (size_t)d : (size_t)R * d, q_row ? (size_t)q_row : (size_t)d, (size_t)room * d};
     Py_BEGIN_ALLOW_THREADS pool_run(JOB_ATTEND, &jb, H * R);
     Py_END_ALLOW_THREADS if (atomic_load(&jb.failed)) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -1104,7 +1111,7 @@ static PyMethodDef methods[] = {
     {"pack_q4k", py_pack_q4k, METH_VARARGS, "pack_q4k(src, N, K, perm, out): repack GGUF Q4_K rows [N][K/256][144 bytes]"},
     {"dequantize", py_dequantize, METH_VARARGS, "dequantize(packed, N, K, out): the float weights [N][K]"},
     {"matmul", py_matmul, METH_VARARGS, "matmul(packed, N, K, x, R, y, bias): y[R][N] = x[R][K] W^T (+ bias)"},
-    {"attend", py_attend, METH_VARARGS, "attend(q, k, v, out, R, H, Hkv, d, L, scale): causal attention, each row on its own"},
+    {"attend", py_attend, METH_VARARGS, "attend(q, k, v, out, R, H, Hkv, d, L, scale[, room, q_row]): causal attention, each row on its own"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): threads splitting the columns, the caller included"},
     {"threads", py_get_threads, METH_NOARGS, "threads() -> the thread count"},
     {"set_spin_us", py_set_spin_us, METH_VARARGS, "set_spin_us(us): how long a waiting thread spins before it sleeps"},
