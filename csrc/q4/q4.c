@@ -922,6 +922,32 @@ static void pool_run(int kind, const void *job, int units) {
     pthread_mutex_unlock(&pool.call);
 }
 
+/* ==== the lean forward's small ops (engine/lean.py) ============================================
+ * Plain C, no vector-unit dispatch: one instruction sequence for every row on every CPU, each row
+ * computed from its own values only (the compiler may vectorize a loop, but every sum is eight
+ * fixed chains added as lanes_sum adds them, and -ffp-contract=off keeps products rounded on their
+ * own), so a row's result is the same bits whatever rows sit beside it or how long the cache is.
+ * They replace a dozen small torch ops a layer (~6 ms of the 1.5B's one-row forward). */
+
+/* x += add (if given), then out = w * (x * (1 / sqrt(mean(x^2) + eps))): a residual add and RMSNorm. */
+static void rms_norm_row(float *x, const float *add, const float *w, float eps, int D, float *out) {
+    float a[8] = {0};
+    if (add)
+        for (int i = 0; i < D; i++) x[i] = x[i] + add[i];
+    for (int i = 0; i < D; i++) a[i & 7] += x[i] * x[i];
+    const float r = 1.0f / sqrtf(lanes_sum(a) / (float)D + eps);
+    for (int i = 0; i < D; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* x·cos + rotate_half(x)·sin in place (transformers' apply_rotary_pos_emb, product by product:
+ * (-x2)·s added is x·c − x2·s exactly); tmp: d floats. */
+static void rope_head(float *x, const float *c, const float *s, int d, float *tmp) {
+    const int h = d / 2;
+    for (int i = 0; i < h; i++) tmp[i] = x[i] * c[i] - x[i + h] * s[i];
+    for (int i = h; i < d; i++) tmp[i] = x[i] * c[i] + x[i - h] * s[i];
+    memcpy(x, tmp, sizeof(float) * (size_t)d);
+}
+
 /* ==== Python bindings ========================================================================= */
 
 static int dims(Py_ssize_t N, Py_ssize_t K) {
@@ -1052,6 +1078,46 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* rms_norm(x, add, w, out, R, D, eps): per row x += add (add 0: none; x is written), then out =
+ * RMSNorm(x) * w; all [R][D] float32 except w [D]. */
+static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
+    unsigned long long x, add, w, out;
+    int R, D;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KKKKiif", &x, &add, &w, &out, &R, &D, &eps)) return NULL;
+    if (R < 0 || D < 1) return PyErr_Format(PyExc_ValueError, "bad rms_norm shape: R=%d D=%d", R, D);
+    for (int r = 0; r < R; r++)
+        rms_norm_row((float *)(uintptr_t)x + (size_t)r * D, add ? (const float *)(uintptr_t)add + (size_t)r * D : NULL,
+                     (const float *)(uintptr_t)w, eps, D, (float *)(uintptr_t)out + (size_t)r * D);
+    Py_RETURN_NONE;
+}
+
+/* rope_kv(qkv, R, H, Hkv, d, cos, sin, k, v, room, L0): R fused q/k/v rows [R][(H + 2 Hkv) d]: RoPE
+ * on the H q heads and Hkv k heads in place (cos, sin [R][d]), then row r's k and v heads copied into
+ * the caches k, v [Hkv][room][d] at position L0 + r. */
+static PyObject *py_rope_kv(PyObject *self, PyObject *args) {
+    unsigned long long qkv, cs, sn, k, v;
+    int R, H, Hkv, d, room, L0;
+    if (!PyArg_ParseTuple(args, "KiiiiKKKKii", &qkv, &R, &H, &Hkv, &d, &cs, &sn, &k, &v, &room, &L0)) return NULL;
+    if (R < 0 || H < 1 || Hkv < 1 || d < 2 || d % 2 || L0 < 0 || L0 + R > room)
+        return PyErr_Format(PyExc_ValueError, "bad rope_kv shape: R=%d H=%d Hkv=%d d=%d room=%d L0=%d", R, H, Hkv, d, room, L0);
+    float *tmp = malloc(sizeof(float) * (size_t)d);
+    if (!tmp) return PyErr_NoMemory();
+    const size_t width = (size_t)(H + 2 * Hkv) * d;
+    for (int r = 0; r < R; r++) {
+        float *row = (float *)(uintptr_t)qkv + r * width;
+        const float *c = (const float *)(uintptr_t)cs + (size_t)r * d, *sr = (const float *)(uintptr_t)sn + (size_t)r * d;
+        for (int h = 0; h < H + Hkv; h++) rope_head(row + (size_t)h * d, c, sr, d, tmp);
+        for (int g = 0; g < Hkv; g++) {
+            const size_t at = ((size_t)g * room + L0 + r) * d;
+            memcpy((float *)(uintptr_t)k + at, row + (size_t)(H + g) * d, sizeof(float) * (size_t)d);
+            memcpy((float *)(uintptr_t)v + at, row + (size_t)(H + Hkv + g) * d, sizeof(float) * (size_t)d);
+        }
+    }
+    free(tmp);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *args) {
     int n;
     if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
@@ -1112,6 +1178,8 @@ static PyMethodDef methods[] = {
     {"dequantize", py_dequantize, METH_VARARGS, "dequantize(packed, N, K, out): the float weights [N][K]"},
     {"matmul", py_matmul, METH_VARARGS, "matmul(packed, N, K, x, R, y, bias): y[R][N] = x[R][K] W^T (+ bias)"},
     {"attend", py_attend, METH_VARARGS, "attend(q, k, v, out, R, H, Hkv, d, L, scale[, room, q_row]): causal attention, each row on its own"},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, add, w, out, R, D, eps): x += add, then out = RMSNorm(x) * w, row by row"},
+    {"rope_kv", py_rope_kv, METH_VARARGS, "rope_kv(qkv, R, H, Hkv, d, cos, sin, k, v, room, L0): RoPE on fused q/k rows, k and v into a cache"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): threads splitting the columns, the caller included"},
     {"threads", py_get_threads, METH_NOARGS, "threads() -> the thread count"},
     {"set_spin_us", py_set_spin_us, METH_VARARGS, "set_spin_us(us): how long a waiting thread spins before it sleeps"},

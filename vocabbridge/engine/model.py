@@ -167,6 +167,9 @@ class CausalLM:
     # torch ops on one: torch's OpenMP threads spin after every op and took the core the q4 kernel's
     # worker needed (the 1.5B's one-row forward 156 ms with 2, 98 ms with 1, on 2 cores).
     torch_threads: int | None = None
+    # the q4 target's own forward (engine/lean.py's LeanDecoder: no transformers modules, a KV cache
+    # written in place); None: sessions run the transformers model
+    lean: object | None = None
 
     @property
     def plain_rows(self) -> int:
@@ -183,7 +186,7 @@ class CausalLM:
         return self._cache_kwarg
 
     def session(self) -> KVSession:
-        return KVSession(self)
+        return self.lean.session(self) if self.lean is not None else KVSession(self)
 
     @functools.cached_property
     def decoder(self) -> torch.nn.Module:
