@@ -399,7 +399,7 @@ class KVSession(CacheSession):
             logits.append(lg[len(lg) - wanted - pad : len(lg) - pad])
             hiddens.append(hd[: len(piece)] if hd is not None else None)
         self.lm.forwards += 1
-        logits = torch.cat(logits)  # [keep, V]
+        logits = logits[0] if len(logits) == 1 else torch.cat(logits)  # [keep, V]; one piece: no 600 KB copy (0.4 ms)
         return (logits, torch.cat(hiddens)) if hidden else logits
 
     def _forward(self, tokens: list[int], keep: int, hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
