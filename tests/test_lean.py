@@ -95,7 +95,7 @@ def test_each_row_count_gives_each_row_its_one_row_bits():
 def test_cropping_the_preallocated_cache_then_continuing_equals_a_fresh_run(monkeypatch):
     """A rejected draft cropped away, then other tokens: what a session that never saw the draft
     computes; and a cache that outgrows its room (here 16 positions, doubling) keeps its values."""
-    monkeypatch.setattr(lean.PreallocatedKV.__init__, "__defaults__", (16,))
+    monkeypatch.setattr(lean.PreallocatedKV.__init__, "__defaults__", (16, 1 << 30))
     _, fast = _pair("llama")
     prompt = _prompt(30)
     s = fast.session()
@@ -114,6 +114,33 @@ def test_cropping_the_preallocated_cache_then_continuing_equals_a_fresh_run(monk
     assert s.cache.room >= len(s.ids) and s.cache.room == 128  # 16 → 32 → 64 → 128
     s.sync(prompt + [11])  # the engine's re-synchronisation: crop to the common prefix, feed the rest
     assert s.ids == prompt + [11] and s.cache.length == len(prompt) + 1
+
+
+def test_the_room_stops_at_the_model_context():
+    kv = lean.PreallocatedKV(2, 2, 8, room=16, most=100)
+    kv.reserve(70)
+    assert kv.room == 100  # not 128
+    kv.reserve(101)  # past the context (the session refuses it first; the cache still holds it)
+    assert kv.room == 101
+
+
+def test_thread_counts_do_not_change_the_lean_forward():
+    """Plain steps on one kernel thread, verifications on two (and the reverse): the same bits."""
+    _, fast = _pair("qwen2")
+    ext = q4.require()
+    before = ext.threads()
+    prompt, step = _prompt(KEY_BLOCK + 4), _prompt(6, seed=5)
+    try:
+        for plain_threads, verify_threads in ((1, 2), (2, 1), (3, 1)):
+            s = fast.session()
+            ext.set_threads(plain_threads)
+            s.extend(prompt)
+            alone = torch.cat([s.extend([t]) for t in step])
+            s.truncate(len(prompt))
+            ext.set_threads(verify_threads)
+            assert torch.equal(s.extend(step, keep=len(step)), alone), (plain_threads, verify_threads)
+    finally:
+        ext.set_threads(before)
 
 
 def test_padded_plain_steps_crop_the_padding():

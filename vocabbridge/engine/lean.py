@@ -151,11 +151,13 @@ def lean_decoder(model: torch.nn.Module) -> LeanDecoder | None:
 class PreallocatedKV:
     """Every layer's keys and values in one buffer [layers, 2, kv_heads, room, head_dim], the first
     ``length`` positions valid. Feeding writes into the room past ``length``; cropping lowers it. The
-    room grows (doubling, one copy) when a feed would pass it: rare, and the old values move as they are."""
+    room grows (doubling, one copy, never past ``most`` unless a feed needs it) when a feed would pass
+    it: rare, and the old values move as they are."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, room: int = 512):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, room: int = 512, most: int = 1 << 30):
         self.shape = (layers, 2, kv_heads, head_dim)
-        self.buf = torch.empty(layers, 2, kv_heads, room, head_dim)
+        self.most = most  # the model's context: room past it is never used
+        self.buf = torch.empty(layers, 2, kv_heads, min(room, most), head_dim)
         self.length = 0
 
     @property
@@ -169,6 +171,7 @@ class PreallocatedKV:
         room = self.room
         while room < n:
             room *= 2
+        room = max(n, min(room, self.most))
         L, two, H, d = self.shape
         bigger = torch.empty(L, two, H, room, d)
         bigger[:, :, :, : self.length] = self.buf[:, :, :, : self.length]
@@ -188,7 +191,7 @@ class LeanSession(KVSession):
 
     def __init__(self, lm: CausalLM, lean: LeanDecoder):
         self.lm, self.lean = lm, lean
-        self.cache = PreallocatedKV(len(lean.layers), lean.kv_heads, lean.head_dim)
+        self.cache = PreallocatedKV(len(lean.layers), lean.kv_heads, lean.head_dim, most=lm.max_context)
         self.ids: list[int] = []
 
     def _run(self, tokens: list[int], keep: int, hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
