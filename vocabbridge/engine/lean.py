@@ -17,6 +17,10 @@ transformers q4 forward the results differ only by RMSNorm's summation order (~1
 RoPE and SiLU·up are transformers' arithmetic product by product. Cropping is setting the cache's
 length: the entries past it are overwritten by the next feed.
 
+An early-exit drafter (``--drafter self:L``) cannot share this cache as it shares a transformers
+``DynamicCache`` (``drafters/self_spec.can_share`` says no): it runs its first L layers through
+transformers over a cache of its own, exactly, at the cost of prefilling it.
+
 What is not a plain Llama / Qwen2 decoder (a sliding window, another activation, linears not fused
 by :func:`.q4.quantize_model`) keeps the transformers forward: :func:`lean_decoder` says why not.
 
