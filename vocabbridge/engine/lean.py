@@ -24,9 +24,12 @@ transformers over a cache of its own, exactly, at the cost of prefilling it.
 What is not a plain Llama / Qwen2 decoder (a sliding window, another activation, linears not fused
 by :func:`.q4.quantize_model`) keeps the transformers forward: :func:`lean_decoder` says why not.
 
->>> lean = lean_decoder(model)  # doctest: +SKIP  (a model after q4.make_q4)
->>> lean.why_not(model) or "lean"  # doctest: +SKIP
+>>> decoder = lean_decoder(model)  # a model after q4.make_q4  # doctest: +SKIP
+>>> why_not(model) or "lean"  # doctest: +SKIP
 'lean'
+
+This module reads the q4 linears by their packed weights and calls the compiled extension directly,
+so it never imports :mod:`.q4` (which imports it to build its sessions).
 """
 
 from __future__ import annotations
@@ -77,8 +80,6 @@ class LeanDecoder:
 
 def why_not(model: torch.nn.Module) -> str:
     """Why the lean forward cannot run ``model`` (a q4 model after :func:`.q4.make_q4`), or ``""``."""
-    from .q4 import Q4Linear
-
     cfg = model.config
     kind = getattr(cfg, "model_type", "")
     if kind not in FAMILIES:
@@ -92,7 +93,7 @@ def why_not(model: torch.nn.Module) -> str:
     base = getattr(model, "model", None)
     if base is None or not all(hasattr(base, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return "no embed_tokens / layers / norm / rotary_emb in model.model"
-    if not isinstance(getattr(model, "lm_head", None), Q4Linear):
+    if not _on_q4(getattr(model, "lm_head", None)):
         return "the lm_head is not on the q4 kernel"
     for i, layer in enumerate(base.layers):
         at, mlp = layer.self_attn, layer.mlp
@@ -108,7 +109,7 @@ def why_not(model: torch.nn.Module) -> str:
             return f"layer {i}: q/k/v or gate/up not fused into one q4 matmul"
         if (q.start, k.start, v.start, g.start) != (0, q.stop, k.stop, 0) or u.start != g.stop:
             return f"layer {i}: fused parts out of order"
-        if not (isinstance(at.o_proj, Q4Linear) and isinstance(mlp.down_proj, Q4Linear)):
+        if not (_on_q4(at.o_proj) and _on_q4(mlp.down_proj)):
             return f"layer {i}: o_proj / down_proj not on the q4 kernel"
         if not all(
             hasattr(n, "weight") and hasattr(n, "variance_epsilon")
@@ -116,6 +117,11 @@ def why_not(model: torch.nn.Module) -> str:
         ):
             return f"layer {i}: norms are not RMSNorm"
     return ""
+
+
+def _on_q4(lin) -> bool:
+    """Whether ``lin`` is a q4.Q4Linear: its weights packed for the kernel (:class:`.q4.Q4Matrix`)."""
+    return isinstance(lin, torch.nn.Module) and hasattr(lin, "packed") and hasattr(lin.packed, "in_features")
 
 
 def lean_decoder(model: torch.nn.Module) -> LeanDecoder | None:
@@ -199,9 +205,8 @@ class LeanSession(KVSession):
         self.ids: list[int] = []
 
     def _run(self, tokens: list[int], keep: int, hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from .q4 import require
+        from .. import _q4 as ext  # built: a model reaches here only after q4.make_q4, which requires it
 
-        ext = require()
         m, kv = self.lean, self.cache
         R, L0 = len(tokens), kv.length
         H, Hkv, d, I = m.heads, m.kv_heads, m.head_dim, m.intermediate  # noqa: E741
