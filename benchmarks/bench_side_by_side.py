@@ -145,7 +145,7 @@ def identical(configs, engine_none) -> dict[str, str]:
 def summary(configs, engine_none, ident, levels) -> str:
     rows = [
         "| engine:configuration | decode tok/s | × its plain | × llama.cpp plain | acceptance | per position | mean acc. length "
-        "| target fwds / token | TTFT s | same answers as its plain | " + " | ".join(f"agg. tok/s c={c}" for c in levels) + " |",
+        "| target fwds / token | TTFT s | same answers as its plain |" + "".join(f" agg. tok/s c={c} |" for c in levels),
         "| " + " | ".join(["---"] * (10 + len(levels))) + " |",
     ]
     llama = next((c for c in configs if c.name == "llama:plain" and not c.error), None)
@@ -162,7 +162,7 @@ def summary(configs, engine_none, ident, levels) -> str:
         rows.append(
             f"| {c.name} | {fmt_float(o.decode_tokens_per_second)} | {fmt_float(own)} | {fmt_float(vs)} | {fmt_pct(o.acceptance_rate)} "
             f"| {pos} | {fmt_float(o.mean_acceptance_length)} | {fmt_float(o.forwards_per_token)} | {fmt_float(o.ttft)} "
-            f"| {ident.get(c.name, '—')} | " + " | ".join(fmt_float(conc.get(lv)) for lv in levels) + " |"
+            f"| {ident.get(c.name, '—')} |" + "".join(f" {fmt_float(conc.get(lv))} |" for lv in levels)
         )
     return "\n".join(rows)
 
