@@ -357,3 +357,50 @@ def test_the_exaone_preset_points_at_its_transplanted_folder(tmp_path, monkeypat
         and cfg["model"] == str(tmp_path / "exaone-1.2b-4.5vocab")
         and "use_heterogeneous_vocab" not in cfg
     )
+
+
+def test_healing_keeps_the_rows_of_its_best_held_out_evaluation(tmp_path):
+    """The rows stage ends on its best held-out rows (mean acceptance length, then loss): a later,
+    overfit evaluation does not replace them, and only the new rows are put back."""
+    from vocabbridge.transplant.heal import HealRecipe, _Healing
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(4, 6, bias=False)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    model, said = Tiny(), []
+    new = torch.tensor([False, True, True, False, True, True])
+    run = _Healing(model, new, None, None, HealRecipe(), tmp_path, device="cpu", say=said.append)
+    w = model.head.weight
+
+    def evaluated(step, length, loss):
+        run.step = step
+        run.history.append({"step": step, "stage": "rows", "eval": {"mean_acceptance_length": length, "loss": loss}})
+        run._consider()
+
+    evaluated(0, 2.0, 4.0)  # zero-shot
+    with torch.no_grad():
+        w.add_(1.0)
+    evaluated(30, 2.2, 3.0)
+    best = w.detach().clone()
+    with torch.no_grad():
+        w.add_(1.0)
+    evaluated(60, 2.2, 3.2)  # as long, but a higher loss: overfit
+    copied_now = w.detach()[~new].clone()
+    run._keep_best()
+    assert run.kept_step == 30 and run.history[-1]["kept_step"] == 30
+    assert run.history[-1]["eval"] == {"mean_acceptance_length": 2.2, "loss": 3.0}
+    assert torch.equal(w.detach()[new], best[new]) and torch.equal(w.detach()[~new], copied_now)
+    assert any("kept step 30" in m for m in said)
+
+    # the last evaluation the best: nothing changes
+    run = _Healing(model, new, None, None, HealRecipe(), tmp_path, device="cpu", say=said.append)
+    evaluated(0, 2.0, 4.0)
+    evaluated(30, 2.3, 3.5)
+    before = w.detach().clone()
+    run._keep_best()
+    assert run.kept_step is None and torch.equal(w.detach(), before)

@@ -8,6 +8,9 @@
             the drafter's own final hidden states, computed once (its body and input rows do not
             change in this stage, so they are cached: each step is one [positions × vocabulary]
             product). A tied drafter gets its own lm_head here (its input rows stay as they were).
+            The stage ends on the rows of its best held-out evaluation (the longest mean
+            acceptance length, then the lowest loss; zero-shot included): on a CPU's few
+            thousand answers the rows overfit late in the schedule.
     whole   optionally (``whole_share`` of the training time) the whole model, every weight, at a
             small learning rate, on the same positions
     eval    held-out prompts: greedy acceptance per draft position (the drafter's first j argmax
@@ -387,6 +390,7 @@ def heal(
         },
         "steps_rows": run.steps_by_stage.get("rows", 0),
         "steps_whole": run.steps_by_stage.get("whole", 0),
+        "kept_rows_of_step": run.kept_step,
         "untied_lm_head": untied,
         "before": before,
         "after": after,
@@ -437,6 +441,8 @@ class _Healing:
         self.steps_by_stage: dict[str, int] = {}
         self.opt = None
         self.ckpt = work / CKPT
+        self.best = None  # the rows stage's best held-out state: (score, step, eval, the new rows)
+        self.kept_step: int | None = None  # the step whose rows the stage kept, where not its last
 
     # ---- evaluation ------------------------------------------------------------------------
 
@@ -464,6 +470,37 @@ class _Healing:
 
     # ---- the rows stage --------------------------------------------------------------------
 
+    def _consider(self) -> None:
+        """Remember the current rows if their held-out evaluation (the newest in the history) is the
+        best so far: the longest mean acceptance length, then the lowest loss."""
+        entry = next((h for h in reversed(self.history) if "eval" in h), None)
+        if entry is None:
+            return
+        ev = entry["eval"]
+        score = (round(ev["mean_acceptance_length"], 4), -ev["loss"])
+        if self.best is None or score > self.best[0]:
+            self.best = (score, entry["step"], ev, self.head.weight.detach()[self.new].clone())
+
+    def _keep_best(self) -> None:
+        """End of the rows stage: where a held-out evaluation before the last was better (the rows
+        overfit the small data late in the schedule), put its rows back."""
+        if self.best is None:
+            return
+        _, step, ev, rows = self.best
+        last = next((h["eval"] for h in reversed(self.history) if "eval" in h), None)
+        if step == self.step or last is None or last is ev:
+            return
+        with torch.no_grad():
+            self.head.weight[self.new] = rows
+        self.kept_step = step
+        self.history.append(
+            {"step": self.step, "epoch": self.history[-1].get("epoch", 0.0), "stage": "rows", "eval": ev, "kept_step": step}
+        )
+        self.say(
+            f"kept step {step}'s rows: held-out mean acceptance length {ev['mean_acceptance_length']:.3f}, loss "
+            f"{ev['loss']:.3f} (the last step: {last['mean_acceptance_length']:.3f}, {last['loss']:.3f})"
+        )
+
     def rows_stage(self, *, deadline: float | None, quiet: bool) -> None:
         r = self.recipe
         if self.stage != "rows":
@@ -478,6 +515,7 @@ class _Healing:
         per_epoch = math.ceil(len(self.train) / r.batch_positions)
         planned = per_epoch * r.epochs
         t_start, done_here = time.perf_counter(), 0
+        self._consider()  # the rows as they start: zero-shot, or where a resumed run stopped
         with Progress(planned, "heal: the new rows (steps)", quiet=quiet) as bar:
             bar.update(self.step)
             while self.step < planned:
@@ -513,8 +551,10 @@ class _Healing:
                         planned = max(self.step, fit)
                 if i == per_epoch - 1 or self.step == planned:
                     self.evaluate(step=self.step, stage="rows", epoch=self.step / per_epoch)
+                    self._consider()
                     self._checkpoint(opt)
         w.requires_grad_(False)
+        self._keep_best()
         self.stage, self.opt = "whole", None
         self._checkpoint(None)
 
