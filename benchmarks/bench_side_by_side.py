@@ -151,7 +151,7 @@ def summary(configs, engine_none, ident, levels) -> str:
     llama = next((c for c in configs if c.name == "llama:plain" and not c.error), None)
     for c in configs:
         if c.error:
-            rows.append(f"| {c.name} | failed: {c.error.splitlines()[0][:80]} |" + " |" * (9 + len(levels)))
+            rows.append(f"| {c.name} | failed: {c.error.splitlines()[0][:80]} |" + " |" * (8 + len(levels)))
             continue
         o = c.overall
         base = own_plain(c, engine_none)

@@ -470,10 +470,14 @@ class _Healing:
 
     # ---- the rows stage --------------------------------------------------------------------
 
+    def _last_evaluated(self) -> dict | None:
+        """The newest history entry with a held-out evaluation (that of the current rows)."""
+        return next((h for h in reversed(self.history) if "eval" in h), None)
+
     def _consider(self) -> None:
         """Remember the current rows if their held-out evaluation (the newest in the history) is the
         best so far: the longest mean acceptance length, then the lowest loss."""
-        entry = next((h for h in reversed(self.history) if "eval" in h), None)
+        entry = self._last_evaluated()
         if entry is None:
             return
         ev = entry["eval"]
@@ -487,8 +491,8 @@ class _Healing:
         if self.best is None:
             return
         _, step, ev, rows = self.best
-        last = next((h["eval"] for h in reversed(self.history) if "eval" in h), None)
-        if step == self.step or last is None or last is ev:
+        last = self._last_evaluated()["eval"]  # there is one: the best came from the history
+        if last is ev:
             return
         with torch.no_grad():
             self.head.weight[self.new] = rows
