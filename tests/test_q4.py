@@ -29,7 +29,7 @@ if not q4.available():
     pytest.skip(f"vocabbridge._q4 not built ({q4.BUILD_ERROR})", allow_module_level=True)
 
 ext = q4.require()
-UNITS = ext.supported()  # slowest first: scalar, avx2, avx512vnni
+UNITS = ext.supported()  # slowest first: scalar, avx2, avx512vnni, amx
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def _rows(R: int, K: int, seed: int, outliers: bool = True) -> torch.Tensor:
 
 @pytest.mark.parametrize("shape", [(300, 64), (96, 256), (160, 576), (48, 1000), (1024, 1536)])
 def test_every_row_count_gives_each_row_its_one_row_result(shape, unit):
-    """Rows 1…8 (and 40, a prefill chunk) beside each other: row i equals row i computed alone, on
+    """Rows 1…8, 11, 12, 17 (and 40, a prefill chunk) beside each other: row i equals row i computed alone, on
     every vector unit, and every unit equals the scalar one bit for bit."""
     N, K = shape
     torch.manual_seed(0)
@@ -77,7 +77,7 @@ def test_every_row_count_gives_each_row_its_one_row_result(shape, unit):
     for name in UNITS:
         ext.set_isa(name)
         alone = torch.cat([q4.matmul(w, x[i : i + 1], bias) for i in range(40)])
-        for R in range(1, 9):
+        for R in (*range(1, 9), 11, 12, 17):  # 12 and more: the AMX unit's tiles, 17: two passes of them
             assert torch.equal(q4.matmul(w, x[:R], bias), alone[:R]), (name, R)
         assert torch.equal(q4.matmul(w, x, bias), alone), (name, 40)
         assert torch.equal(q4.matmul(w, x[3:8]), q4.matmul(w, x)[3:8]), name  # no bias, another window

@@ -16,7 +16,7 @@
  * Activations: each row quantized on its own, per super-block of 256 to int8 (scale = max|x|/127,
  * round to nearest even), with the sums of each 32 quantized inputs (for the mins).
  *
- * One output element y[r][n], the same arithmetic on every path (scalar, AVX2, AVX-512 VNNI):
+ * One output element y[r][n], the same arithmetic on every path (scalar, AVX2, AVX-512 VNNI, AMX):
  *   for each super-block s, in order:
  *     isum = sum_j sc_j * sum_{i in j} q_i * xq_i          (int32, exact)
  *     msum = sum_j m_j * sum_{i in j} xq_i                 (int32, exact)
@@ -25,6 +25,9 @@
  *   y = acc (+ bias[n])
  * Integer sums are exact in any order, the float steps run in one order per element, so a row's
  * result does not depend on the other rows, on the thread that computes it, or on the vector unit.
+ * That is what lets AMX's tile multiply (a whole sub-block's int32 dots for up to 16 rows in one
+ * instruction) stand in for the VNNI dots where several rows share a block: its integers are the
+ * same integers, and the float steps after them are the VNNI path's, instruction for instruction.
  *
  * Packed layout: column groups of 16 (N padded), super-blocks along K (K padded to 256, zeros);
  * block (g, s) at ((g * nsb) + s) * BLOCK bytes, BLOCK = 2368:
@@ -49,7 +52,14 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define Q4_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
+#endif
+/* AMX (Intel Sapphire Rapids and later): Linux only (the kernel must be asked for the tile state),
+ * and a compiler that knows the amx-tile / amx-int8 targets. */
+#if defined(Q4_X86) && defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define Q4_AMX 1
 #endif
 #ifdef __linux__
 #include <linux/futex.h>
@@ -74,8 +84,13 @@
 #define PREFETCH_BLOCKS 0 /* software prefetch this many blocks ahead (0: none; 2-8 measured slower on Zen 2) */
 #endif
 
-enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-static const char *ISA_NAMES[] = {"scalar", "avx2", "avx512vnni"};
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 12 /* fewer rows take the VNNI kernel on an AMX unit (the same bits either way): the tiles' fixed
+                          * cost per block (decoding to bytes, tile stores) pays from ~12 rows (measured on 2 Xeon cores) */
+#endif
+
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AMX = 3 };
+static const char *ISA_NAMES[] = {"scalar", "avx2", "avx512vnni", "amx"};
 static int isa_best = ISA_SCALAR; /* what this CPU runs */
 static int isa_used = ISA_SCALAR; /* what the kernels use (set_isa may lower it, for tests) */
 
@@ -217,10 +232,11 @@ static void quantize_rows(const float *x, int R, int K, Act *a) {
 /* ==== the block kernels: one (column group, super-block), rows r0..r0+nr-1 =================== */
 
 typedef struct {
-    const int8_t *x[8];  /* each row's quantized inputs of this super-block */
-    const int16_t *b[8]; /* each row's 8 sub-block sums of this super-block */
-    float dx[8];         /* each row's scale of this super-block */
-    float *acc[8];       /* each row's 16 float accumulators of this column group */
+    const int8_t *x[16];  /* each row's quantized inputs of this super-block */
+    const int16_t *b[16]; /* each row's 8 sub-block sums of this super-block */
+    float dx[16];         /* each row's scale of this super-block */
+    float *acc[16];       /* each row's 16 float accumulators of this column group */
+    size_t stride;       /* bytes from one row's x to the next's (the AMX kernel loads them as one tile) */
 } Rows;
 
 static void block_scalar(const uint8_t *blk, int nr, const Rows *rw) {
@@ -322,28 +338,13 @@ AVX2_FN static void block_avx2(const uint8_t *blk, int nr, const Rows *rw) {
 
 #define AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-/* All 16 columns of a block, nr <= 8 rows: vpdpbusd sums each 4-input group into int32 per
- * column; each sub-block's sum is scaled by sc in int32 (the same integers as the AVX2 path). */
-AVX512_FN static inline __attribute__((always_inline)) void block_avx512_rows(const uint8_t *blk, const int nr,
-                                                                              const Rows *rw) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i isum[8], msum[8], dot[8];
-    for (int r = 0; r < nr; r++) isum[r] = msum[r] = _mm512_setzero_si512();
-    for (int j = 0; j < NSUB; j++) {
-        for (int r = 0; r < nr; r++) dot[r] = _mm512_setzero_si512();
-        for (int t = 0; t < 4; t++) {
-            __m512i raw = _mm512_load_si512((const void *)(blk + OFF_Q + (j * 4 + t) * 64));
-            __m512i w0 = _mm512_and_si512(raw, m4);
-            __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-            for (int r = 0; r < nr; r++) {
-                const int8_t *x = rw->x[r] + 32 * j + 8 * t;
-                dot[r] = _mm512_dpbusd_epi32(dot[r], w0, _mm512_set1_epi32(load_i32(x)));
-                dot[r] = _mm512_dpbusd_epi32(dot[r], w1, _mm512_set1_epi32(load_i32(x + 4)));
-            }
-        }
-        __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + OFF_SC + j * GROUP)));
-        for (int r = 0; r < nr; r++) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
-    }
+/* The end of a block for nr rows whose sub-block sums isum (sum_j sc_j * dot_j, int32, per column)
+ * are done: the mins' sums, then the two float steps into each row's accumulators. Shared by the
+ * VNNI and AMX kernels, so both run these instructions in this order. */
+AVX512_FN static inline __attribute__((always_inline)) void avx512_finish(const uint8_t *blk, const int nr, const Rows *rw,
+                                                                          const __m512i *isum) {
+    __m512i msum[16];
+    for (int r = 0; r < nr; r++) msum[r] = _mm512_setzero_si512();
     for (int p = 0; p < 4; p++) {
         __m512i m16 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + OFF_M + p * 32)));
         for (int r = 0; r < nr; r++)
@@ -361,6 +362,31 @@ AVX512_FN static inline __attribute__((always_inline)) void block_avx512_rows(co
     }
 }
 
+/* All 16 columns of a block, nr <= 8 rows: vpdpbusd sums each 4-input group into int32 per
+ * column; each sub-block's sum is scaled by sc in int32 (the same integers as the AVX2 path). */
+AVX512_FN static inline __attribute__((always_inline)) void block_avx512_rows(const uint8_t *blk, const int nr,
+                                                                              const Rows *rw) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i isum[8], dot[8];
+    for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < NSUB; j++) {
+        for (int r = 0; r < nr; r++) dot[r] = _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) {
+            __m512i raw = _mm512_load_si512((const void *)(blk + OFF_Q + (j * 4 + t) * 64));
+            __m512i w0 = _mm512_and_si512(raw, m4);
+            __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *x = rw->x[r] + 32 * j + 8 * t;
+                dot[r] = _mm512_dpbusd_epi32(dot[r], w0, _mm512_set1_epi32(load_i32(x)));
+                dot[r] = _mm512_dpbusd_epi32(dot[r], w1, _mm512_set1_epi32(load_i32(x + 4)));
+            }
+        }
+        __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + OFF_SC + j * GROUP)));
+        for (int r = 0; r < nr; r++) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
+    }
+    avx512_finish(blk, nr, rw, isum);
+}
+
 AVX512_FN static void block_avx512(const uint8_t *blk, int nr, const Rows *rw) {
     switch (nr) {
     case 1: block_avx512_rows(blk, 1, rw); break;
@@ -373,6 +399,130 @@ AVX512_FN static void block_avx512(const uint8_t *blk, int nr, const Rows *rw) {
     default: block_avx512_rows(blk, 8, rw); break;
     }
 }
+
+#ifdef Q4_AMX
+#define AMX_FN __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+/* AMX: tiles tmm0-3 hold the int32 dots of four sub-blocks (nr rows x 16 columns), tmm4/tmm5 the
+ * rows' int8 inputs of a sub-block (nr x 32 bytes), tmm6/tmm7 its weights as bytes (8 rows of 4
+ * inputs x 16 columns: the packed low and high nibbles, which are already in the tile's layout).
+ * The configuration depends on nr; each thread keeps its own and releases it after a matmul. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+static __thread int amx_rows; /* the row count this thread's tiles are configured for; 0: none */
+
+AMX_FN static void amx_configure(int nr) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 4; t++) c.rows[t] = (uint8_t)nr, c.colsb[t] = 64;
+    for (int t = 4; t < 6; t++) c.rows[t] = (uint8_t)nr, c.colsb[t] = 32;
+    for (int t = 6; t < 8; t++) c.rows[t] = 8, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+    amx_rows = nr;
+}
+
+AMX_FN static void amx_release(void) {
+    if (amx_rows) _tile_release();
+    amx_rows = 0;
+}
+
+static inline void amx_rows_of(const Act *a, int s, int r_first, int nr, float *acc, Rows *rw) {
+    const int nsb = a->Kp / QK;
+    rw->stride = (size_t)a->Kp;
+    for (int i = 0; i < nr; i++) {
+        const int r = r_first + i;
+        rw->x[i] = a->xq + (size_t)r * a->Kp + (size_t)s * QK;
+        rw->b[i] = a->bs + (size_t)r * (a->Kp / 32) + (size_t)s * NSUB;
+        rw->dx[i] = a->dx[(size_t)r * nsb + s];
+        rw->acc[i] = acc + (size_t)i * GROUP;
+    }
+}
+
+/* A block's 4-bit weights as the bytes a tile takes: for each sub-block, 8 tile rows of 4 inputs x
+ * 16 columns, which are the packed low and high nibbles as they lie (the VNNI kernel's w0, w1). */
+AMX_FN static inline __attribute__((always_inline)) void amx_decode(const uint8_t *blk, uint8_t (*wb)[8 * 64]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < NSUB; j++)
+        for (int t = 0; t < 4; t++) {
+            __m512i raw = _mm512_load_si512((const void *)(blk + OFF_Q + (j * 4 + t) * 64));
+            _mm512_store_si512((void *)(wb[j] + (2 * t) * 64), _mm512_and_si512(raw, m4));
+            _mm512_store_si512((void *)(wb[j] + (2 * t + 1) * 64), _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+        }
+}
+
+/* Each sub-block's int32 dots for every row: one tile multiply (rows' inputs x the block's bytes). */
+AMX_FN static inline __attribute__((always_inline)) void amx_dots(const int8_t *x, size_t st, uint8_t (*wb)[8 * 64],
+                                                                   int32_t (*dots)[16][GROUP]) {
+    for (int h = 0; h < NSUB; h += 4) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_loadd(4, x + 32 * (h + 0), st);
+        _tile_loadd(6, wb[h + 0], 64);
+        _tile_dpbsud(0, 4, 6);
+        _tile_loadd(5, x + 32 * (h + 1), st);
+        _tile_loadd(7, wb[h + 1], 64);
+        _tile_dpbsud(1, 5, 7);
+        _tile_loadd(4, x + 32 * (h + 2), st);
+        _tile_loadd(6, wb[h + 2], 64);
+        _tile_dpbsud(2, 4, 6);
+        _tile_loadd(5, x + 32 * (h + 3), st);
+        _tile_loadd(7, wb[h + 3], 64);
+        _tile_dpbsud(3, 5, 7);
+        _tile_stored(0, dots[h + 0], 64);
+        _tile_stored(1, dots[h + 1], 64);
+        _tile_stored(2, dots[h + 2], 64);
+        _tile_stored(3, dots[h + 3], 64);
+    }
+}
+
+/* Each row's dots scaled by sc and summed in int32 as the VNNI kernel sums them; then avx512_finish. */
+AMX_FN static inline __attribute__((always_inline)) void amx_finish(const uint8_t *blk, int nr, const Rows *rw,
+                                                                     int32_t (*dots)[16][GROUP]) {
+    __m512i sc[NSUB], isum[16];
+    for (int j = 0; j < NSUB; j++) sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + OFF_SC + j * GROUP)));
+    for (int r = 0; r < nr; r++) {
+        isum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < NSUB; j++)
+            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512((const void *)dots[j][r]), sc[j]));
+    }
+    avx512_finish(blk, nr, rw, isum);
+}
+
+/* One column group, all its super-blocks in order, for nr <= 16 rows from r_first
+ * (their accumulators at acc, GROUP floats a row). Software-pipelined: block s + 1 is decoded and
+ * block s - 1's dots are summed around block s's tile multiplies, so no step waits on the stores
+ * just made (a tile load does not take its bytes from stores still in flight). Each row's
+ * accumulators still take the super-blocks in order, with the VNNI kernel's float steps. */
+AMX_FN static void group_amx(const uint8_t *blk0, int nsb, const Act *a, int r_first, int nr, float *acc) {
+    if (amx_rows != nr) amx_configure(nr);
+    uint8_t wb[2][NSUB][8 * 64] __attribute__((aligned(64)));
+    int32_t dots[2][NSUB][16][GROUP] __attribute__((aligned(64)));
+    Rows rw;
+    amx_decode(blk0, wb[0]);
+    for (int s = 0; s <= nsb; s++) {
+        if (s + 1 < nsb) amx_decode(blk0 + (size_t)(s + 1) * BLOCK, wb[(s + 1) & 1]);
+        if (s < nsb) amx_dots(a->xq + (size_t)r_first * a->Kp + (size_t)s * QK, (size_t)a->Kp, wb[s & 1], dots[s & 1]);
+        if (s > 0) {
+            amx_rows_of(a, s - 1, r_first, nr, acc, &rw);
+            amx_finish(blk0 + (size_t)(s - 1) * BLOCK, nr, &rw, dots[(s - 1) & 1]);
+        }
+    }
+}
+
+/* Linux hands out the tile state only to a process that asks (arch_prctl); 1 where it is granted. */
+static int amx_permitted(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return 0; /* AMX-TILE, AMX-INT8 */
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+#endif
 #endif
 
 /* ==== one thread's share: column groups [g0, g1) for every row =============================== */
@@ -398,7 +548,18 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
         for (int g = g0; g < g1; g++) {
             memset(stack_acc, 0, sizeof(float) * rc * GROUP);
             const uint8_t *blk = jb->W + (size_t)g * nsb * BLOCK;
-            for (int s = 0; s < nsb; s++, blk += BLOCK) {
+            int whole = 0; /* the AMX path took the whole group */
+#ifdef Q4_AMX
+            if (jb->isa == ISA_AMX && rc >= AMX_MIN_ROWS) { /* the whole group at once, in passes of <= 16 rows */
+                const int passes = (rc + 15) / 16;
+                for (int p = 0, r0 = 0, nr = 0; p < passes; p++, r0 += nr) {
+                    nr = (rc - r0) / (passes - p);
+                    group_amx(blk, nsb, jb->a, c0 + r0, nr, stack_acc + (size_t)r0 * GROUP);
+                }
+                whole = 1;
+            }
+#endif
+            for (int s = 0; s < nsb && !whole; s++, blk += BLOCK) {
 #if defined(Q4_X86) && PREFETCH_BLOCKS
                 const uint8_t *ahead = blk + PREFETCH_BLOCKS * BLOCK; /* this thread's stream, a few blocks on */
                 if (ahead < end)
@@ -409,6 +570,7 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
                 for (int p = 0, r0 = 0, nr = 0; p < passes; p++, r0 += nr) {
                     nr = (rc - r0) / (passes - p);
                     Rows rw;
+                    rw.stride = (size_t)jb->Kp;
                     for (int i = 0; i < nr; i++) {
                         const int r = c0 + r0 + i;
                         rw.x[i] = jb->a->xq + (size_t)r * jb->Kp + (size_t)s * QK;
@@ -417,7 +579,7 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
                         rw.acc[i] = stack_acc + (size_t)(r0 + i) * GROUP;
                     }
 #ifdef Q4_X86
-                    if (jb->isa == ISA_AVX512) {
+                    if (jb->isa >= ISA_AVX512) { /* AMX's fewer than AMX_MIN_ROWS rows too */
                         block_avx512(blk, nr, &rw);
                         continue;
                     }
@@ -437,6 +599,9 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
             }
         }
     }
+#ifdef Q4_AMX
+    if (jb->isa == ISA_AMX) amx_release();
+#endif
 }
 
 /* ==== attention ===============================================================================
@@ -1199,6 +1364,9 @@ PyMODINIT_FUNC PyInit__q4(void) {
     if (isa_best == ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
         isa_best = ISA_AVX512;
+#endif
+#ifdef Q4_AMX
+    if (isa_best == ISA_AVX512 && amx_permitted()) isa_best = ISA_AMX;
 #endif
     isa_used = isa_best;
     pthread_atfork(NULL, NULL, after_fork_child);
