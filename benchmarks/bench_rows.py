@@ -12,7 +12,9 @@ count), llama.cpp as it ships (weight repacking on) and llama.cpp as the engine'
 (repacking off, flash attention on a bf16 KV cache; a plain step is one row where the load probe
 finds that a lone row computes as a batch row, else padded to two), and q4, our own 4-bit kernel
 (engine/q4.py, csrc/q4/q4.c: the GGUF's Q4_K tensors as they are, each weight block decoded once for
-all rows; the rest of the forward as the int8 invariant target's). Each cell: the median of --repeats forwards over a
+all rows; the rest of the forward as the int8 invariant target's); ``q4:UNIT`` runs it on one vector
+unit (``q4:avx512vnni``, ``q4:amx``: the same bits, other speeds). The last column: filling the
+--context cache (the median of 3 prefills after a warm one). Each cell: the median of --repeats forwards over a
 --context-token cache; the ratio is against the same backend's one-row forward.
 """
 
@@ -33,10 +35,15 @@ from vocabbridge.presets import resolve_model  # noqa: E402
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
-def measure(lm, context: int, repeats: int) -> dict[int, float]:
-    s = lm.session()
-    s.extend(list(range(1000, 1000 + context)))
-    out = {}
+def measure(lm, context: int, repeats: int, prefills: int = 3) -> dict:
+    """Median seconds of a forward by its rows, and ``"prefill"``: of filling the --context cache."""
+    fills = []
+    for _ in range(prefills + 1):  # the first one warms up
+        s = lm.session()
+        t0 = time.perf_counter()
+        s.extend(list(range(1000, 1000 + context)))
+        fills.append(time.perf_counter() - t0)
+    out = {"prefill": statistics.median(fills[1:])}
     for r in ROWS:
         times = []
         for _ in range(repeats + 1):
@@ -73,7 +80,7 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
     known = ("fp32", "int8-naive", "int8-invariant", "llama.cpp", "llama.cpp-invariant", "q4")
-    unknown = [b for b in args.backends.split(",") if b not in known]
+    unknown = [b for b in args.backends.split(",") if b not in known and not b.startswith("q4:")]
     if unknown:
         ap.error(f"unknown backend {', '.join(unknown)}; the backends: {', '.join(known)}")
     src = resolve_model(args.target)
@@ -84,10 +91,12 @@ def main() -> None:
             from vocabbridge.engine.llama_cpp import load_llama_cpp_lm
 
             lm = load_llama_cpp_lm(src, invariant=name.endswith("invariant"), threads=args.threads)
-        elif name == "q4":
-            from vocabbridge.engine.q4 import load_q4_lm
+        elif name == "q4" or name.startswith("q4:"):  # q4:UNIT: on that vector unit (avx512vnni, amx, …)
+            from vocabbridge.engine.q4 import load_q4_lm, require
 
             lm = load_q4_lm(src, threads=args.threads)
+            if ":" in name:
+                require().set_isa(name.split(":", 1)[1])
             lm.rows = None  # the rows as given (the engine verifies up to INVARIANT_ROWS a forward)
         else:
             from vocabbridge.engine.model import load_causal_lm
@@ -98,11 +107,16 @@ def main() -> None:
         rows[name] = measure(lm, args.context, args.repeats)
         print(f"{name}: " + ", ".join(f"{r}: {1000 * t:.1f} ms" for r, t in rows[name].items()), file=sys.stderr, flush=True)
         del lm
-    head = "| backend | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in ROWS) + " | 5 rows ÷ 1 row |"
-    lines = [head, "|" + " --- |" * (len(ROWS) + 2)]
+        if name.startswith("q4:"):
+            from vocabbridge.engine.q4 import require
+
+            require().set_isa(require().supported()[-1])
+    head = "| backend | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in ROWS)
+    head += f" | 5 rows ÷ 1 row | prefill of {args.context} tokens |"
+    lines = [head, "|" + " --- |" * (len(ROWS) + 3)]
     for name, t in rows.items():
         cells = " | ".join(f"{1000 * t[r]:.0f} ms (×{t[r] / t[1]:.2f})" for r in ROWS)
-        lines.append(f"| {name} | {cells} | **{t[5] / t[1]:.2f}** |")
+        lines.append(f"| {name} | {cells} | **{t[5] / t[1]:.2f}** | {t['prefill']:.2f} s |")
     table = "\n".join(lines)
     cmd = "VOCABBRIDGE_MODELS=... python benchmarks/bench_rows.py " + " ".join(sys.argv[1:])
     cpu = f"{os.cpu_count()} cores ({args.threads or 'default'} threads); {vector_units()}"
