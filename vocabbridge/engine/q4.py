@@ -125,7 +125,7 @@ def set_threads(n: int | None = None) -> int:
 
 
 def vector_unit() -> str:
-    """The vector unit the kernels run on here: ``avx512vnni``, ``avx2`` or ``scalar``."""
+    """The vector unit the kernels run on here: ``amx`` (AVX-512 VNNI, AMX tiles from 12 rows), ``avx512vnni``, ``avx2`` or ``scalar``."""
     return require().isa()
 
 
