@@ -549,10 +549,10 @@ class _Healing:
                 bar.update(1, epoch=epoch + 1, loss=float(loss.detach()))
                 if deadline is not None and done_here == TIMING_STEPS:
                     per_step = (time.perf_counter() - t_start) / TIMING_STEPS
-                    fit = self.step + int((deadline - time.perf_counter()) / (per_step * 1.08))
+                    fit = self.step + max(0, int((deadline - time.perf_counter()) / (per_step * 1.08)))  # past it: stop here
                     if fit < planned:
                         self.say(f"budget: {fit} of {planned} steps fit ({per_step:.2f} s a step)")
-                        planned = max(self.step, fit)
+                        planned = fit
                 if i == per_epoch - 1 or self.step == planned:
                     self.evaluate(step=self.step, stage="rows", epoch=self.step / per_epoch)
                     self._consider()
