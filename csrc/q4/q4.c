@@ -236,8 +236,20 @@ typedef struct {
     const int16_t *b[16]; /* each row's 8 sub-block sums of this super-block */
     float dx[16];         /* each row's scale of this super-block */
     float *acc[16];       /* each row's 16 float accumulators of this column group */
-    size_t stride;       /* bytes from one row's x to the next's (the AMX kernel loads them as one tile) */
 } Rows;
+
+/* Rows r_first … r_first + nr - 1 of the activations at super-block s, their accumulators at acc
+ * (GROUP floats a row). */
+static inline void rows_of(const Act *a, int s, int r_first, int nr, float *acc, Rows *rw) {
+    const int nsb = a->Kp / QK;
+    for (int i = 0; i < nr; i++) {
+        const int r = r_first + i;
+        rw->x[i] = a->xq + (size_t)r * a->Kp + (size_t)s * QK;
+        rw->b[i] = a->bs + (size_t)r * (a->Kp / 32) + (size_t)s * NSUB;
+        rw->dx[i] = a->dx[(size_t)r * nsb + s];
+        rw->acc[i] = acc + (size_t)i * GROUP;
+    }
+}
 
 static void block_scalar(const uint8_t *blk, int nr, const Rows *rw) {
     for (int c = 0; c < GROUP; c++) {
@@ -431,18 +443,6 @@ AMX_FN static void amx_release(void) {
     amx_rows = 0;
 }
 
-static inline void amx_rows_of(const Act *a, int s, int r_first, int nr, float *acc, Rows *rw) {
-    const int nsb = a->Kp / QK;
-    rw->stride = (size_t)a->Kp;
-    for (int i = 0; i < nr; i++) {
-        const int r = r_first + i;
-        rw->x[i] = a->xq + (size_t)r * a->Kp + (size_t)s * QK;
-        rw->b[i] = a->bs + (size_t)r * (a->Kp / 32) + (size_t)s * NSUB;
-        rw->dx[i] = a->dx[(size_t)r * nsb + s];
-        rw->acc[i] = acc + (size_t)i * GROUP;
-    }
-}
-
 /* A block's 4-bit weights as the bytes a tile takes: for each sub-block, 8 tile rows of 4 inputs x
  * 16 columns, which are the packed low and high nibbles as they lie (the VNNI kernel's w0, w1). */
 AMX_FN static inline __attribute__((always_inline)) void amx_decode(const uint8_t *blk, uint8_t (*wb)[8 * 64]) {
@@ -510,7 +510,7 @@ AMX_FN static void group_amx(const uint8_t *blk0, int nsb, const Act *a, int r_f
         if (s + 1 < nsb) amx_decode(blk0 + (size_t)(s + 1) * BLOCK, wb[(s + 1) & 1]);
         if (s < nsb) amx_dots(a->xq + (size_t)r_first * a->Kp + (size_t)s * QK, (size_t)a->Kp, wb[s & 1], dots[s & 1]);
         if (s > 0) {
-            amx_rows_of(a, s - 1, r_first, nr, acc, &rw);
+            rows_of(a, s - 1, r_first, nr, acc, &rw);
             amx_finish(blk0 + (size_t)(s - 1) * BLOCK, nr, &rw, dots[(s - 1) & 1]);
         }
     }
@@ -570,14 +570,7 @@ static void matmul_groups(const MatJob *jb, int g0, int g1) {
                 for (int p = 0, r0 = 0, nr = 0; p < passes; p++, r0 += nr) {
                     nr = (rc - r0) / (passes - p);
                     Rows rw;
-                    rw.stride = (size_t)jb->Kp;
-                    for (int i = 0; i < nr; i++) {
-                        const int r = c0 + r0 + i;
-                        rw.x[i] = jb->a->xq + (size_t)r * jb->Kp + (size_t)s * QK;
-                        rw.b[i] = jb->a->bs + (size_t)r * (jb->Kp / 32) + (size_t)s * NSUB;
-                        rw.dx[i] = jb->a->dx[(size_t)r * nsb + s];
-                        rw.acc[i] = stack_acc + (size_t)(r0 + i) * GROUP;
-                    }
+                    rows_of(jb->a, s, c0 + r0, nr, stack_acc + (size_t)r0 * GROUP, &rw);
 #ifdef Q4_X86
                     if (jb->isa >= ISA_AVX512) { /* AMX's fewer than AMX_MIN_ROWS rows too */
                         block_avx512(blk, nr, &rw);

@@ -3,9 +3,10 @@
     python tools/device/pack.py HEAD_DIR PACK_DIR        # on the device: weights as float16 pieces
     python tools/device/pack.py --unpack PACK_DIR HEAD_DIR   # here: head.safetensors (float32) again
 
-A drafter folder (a healed transplant) travels the same way with ``--file model.safetensors``; unpacked
-into a folder that already holds the model (the zero-shot transplant made here), only the weights file
-is replaced.
+A drafter folder (a healed transplant) travels the same way with ``--file model.safetensors``, and
+``--changed ZERO_SHOT`` packs only the tensors that differ from that folder's; unpacked into a folder
+that already holds the weights file (the zero-shot transplant made here), the packed tensors replace
+theirs and the others stay.
 
 The weights travel as float16 (a relative rounding of 5e-4; the head computes in float32 or bf16),
 cut into pieces of at most 15 MiB; config.json, the curves and the metrics travel as they are.
