@@ -404,3 +404,48 @@ def test_healing_keeps_the_rows_of_its_best_held_out_evaluation(tmp_path):
     before = w.detach().clone()
     run._keep_best()
     assert run.kept_step is None and torch.equal(w.detach(), before)
+
+
+def test_the_shared_row_map_starts_at_zero_shot_writes_its_logits_rows_and_moves_unseen_rows():
+    """The shared map (every composed row moved by the same few parameters) is the zero-shot rows at
+    the start; its logits equal the rows it writes out and carry a gradient to every parameter;
+    and training it on a teacher that prefers longer tokens lowers the loss for rows no batch names."""
+    from vocabbridge.transplant.heal import soft_ce
+    from vocabbridge.transplant.shared_map import SharedRowMap
+
+    g = torch.Generator().manual_seed(0)
+    V, d = 40, 8
+    base, first = torch.randn(V, d, generator=g), torch.randn(V, d, generator=g)
+    composed = torch.arange(10, 40)
+    pieces = 2 + torch.arange(30) % 4
+    m = SharedRowMap(base, first, composed, pieces)
+    assert torch.equal(m.rows(), base)
+    h = torch.randn(16, d, generator=g)
+    with torch.no_grad():
+        m.A.normal_(0, 0.1, generator=g), m.B.normal_(0, 0.1, generator=g), m.log_scale.normal_(0, 0.3, generator=g)
+    assert torch.allclose(m.logits(h), h @ m.rows().T, atol=1e-5)
+    ids = torch.randint(0, V, (16, 3), generator=g)
+    p = torch.softmax(torch.randn(16, 3, generator=g), -1)
+    soft_ce(m.logits(h), ids, p).backward()
+    assert m.A.grad is not None and m.log_scale.grad.abs().sum() > 0
+
+    # a teacher whose next token is always a composed one of 5+ pieces, seen on half of them only
+    m = SharedRowMap(base, first, composed, pieces)
+    long_rows = composed[pieces == 5]
+    seen, unseen = long_rows[::2], long_rows[1::2]
+    opt = torch.optim.Adam(m.parameters(), lr=3e-2)
+
+    def teacher(rows):
+        hh = torch.randn(64, d, generator=g)
+        return hh, rows[torch.randint(0, len(rows), (64,), generator=g)][:, None], torch.ones(64, 1)
+
+    before = float(soft_ce(m.logits(teacher(unseen)[0]).detach(), *teacher(unseen)[1:]))
+    for _ in range(60):
+        hh, t, pp = teacher(seen)
+        loss = soft_ce(m.logits(hh), t, pp)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hh, t, pp = teacher(unseen)
+    assert float(soft_ce(m.logits(hh).detach(), t, pp)) < before  # the rows no batch named moved with them
+    assert torch.equal(m.rows()[:10], base[:10])  # copied rows stay the drafter's
