@@ -275,6 +275,41 @@ def test_the_cli_transplants_and_heals(models, tmp_path):
     assert again.after["loss"] == pytest.approx(h.after["loss"], rel=1e-5)
 
 
+def test_a_given_data_folder_is_read_whole_and_a_worse_whole_model_is_put_back(models, tmp_path):
+    """--heal-data: a folder planned over other prompts (a train-head run's, Magpie prompts and all)
+    is read as it is, nothing generated; one written by another target (ids past the drafter's rows)
+    is refused. The whole-model stage keeps its weights only where they score no worse held out."""
+    import shutil
+
+    from vocabbridge.transplant import transplant
+    from vocabbridge.transplant.heal import HealRecipe, folder_data, heal
+
+    first = tmp_path / "first"
+    transplant(str(models["drafter"]), str(models["target"]), first, say=lambda m: None)
+    small = dict(max_prompts=8, new_tokens=16, epochs=2, batch_positions=64, gen_batch=4, heldout=0.25)
+    heal(first, str(models["target"]), HealRecipe(budget_minutes=0, **small), quiet=True, say=lambda m: None)
+    data = tmp_path / "train-head-data"
+    shutil.copytree(first / "heal" / "data", data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["shards"] = {name: f"magpie-en-{i:06d}" for i, name in enumerate(manifest["shards"])}  # other prompts
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    n_seqs = len(folder_data(data, vocab_size=10**6)[0])
+    with pytest.raises(ConfigError, match="another target"):
+        folder_data(data, vocab_size=10)
+
+    second = tmp_path / "second"
+    transplant(str(models["drafter"]), str(models["target"]), second, say=lambda m: None)
+    said = []
+    recipe = HealRecipe(budget_minutes=0, whole_share=0.5, lr_whole=0.5, **small)  # a step this large cannot help
+    h = heal(second, str(models["target"]), recipe, data_folder=data, quiet=True, say=said.append)
+    rec = h.record["heal"]
+    assert rec["data"]["given_folder"] and rec["data"]["sequences"] == n_seqs
+    assert not any("writes the data" in m for m in said)  # nothing generated
+    assert rec["steps_whole"] > 0 and rec["kept_whole_model"] is False
+    assert h.after == [e for e in h.history if e.get("stage") == "rows" and "eval" in e][-1]["eval"]
+    assert any("put back" in m for m in said)
+
+
 # ==== GGUF for llama.cpp ============================================================================
 
 

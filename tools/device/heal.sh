@@ -5,6 +5,8 @@
 # drafter is transplanted onto the target's tokenizer, a copy is healed on those answers (its new
 # rows, then the whole model for WHOLE of the steps), both are benched on the GPU beside the
 # drafter's other modes, and the healed weights are packed to come back (tools/device/pack.py).
+# On a GPU train-head keeps EAGLE-3 data in memory, but an MTP head's it writes as shards, which the
+# heal reads whole (--heal-data: a given folder's shards are taken as they are).
 #
 #   [WHOLE=0.3] [K=4] bash tools/device/heal.sh TARGET DRAFTER NAME HEAL_MIN [train-head options...]
 #   e.g. bash tools/device/heal.sh qwen2.5-coder-1.5b smollm2-135m q15heal 8 --magpie 20000 --new-tokens 200 --epochs 1
@@ -30,8 +32,9 @@ echo "== $(date +%T) heal for $minutes minutes"
 python3 -m vocabbridge transplant "$drafter" --to "$target" -o "$run/healed" --heal-only --heal-data "$run/data" \
     --heal-minutes "$minutes" --heal-whole "${WHOLE:-0}" --format json > "$run/heal.json"
 python3 tools/device/pack.py --file model.safetensors --changed "$run/zero-shot" "$run/healed" "$run/pack-healed"
+echo "== $(date +%T) PACKED: $(ls "$run/pack-healed" | wc -l) files in $run/pack-healed"
 echo "== $(date +%T) bench"
 python3 benchmarks/bench_engine_drafters.py --target "$target" --device "${DEVICE:-cuda}" -k "${K:-4}" \
-    --drafters "none,ngram,$drafter:text,$drafter:ngram+text,$run/zero-shot,$run/healed,$run/healed:ngram+draft,mtp:$run/mtp" \
+    --drafters "${BENCH_DRAFTERS:-none,ngram,$drafter:text,$run/zero-shot,$run/healed,$run/healed:ngram+draft,mtp:$run/mtp}" \
     --out "$run/engine.md" ${BENCH_ARGS:-}
 echo "== $(date +%T) HEAL DONE"

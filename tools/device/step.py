@@ -2,7 +2,7 @@
 background jobs, and put requested files in $OUT. Everything lives in /tmp/vb, which the machine
 keeps while it is held (consecutive calls).
 
-    python3 tools/device/step.py [--launch NAME -- CMD...] [--fetch FILE ...] [--tail N]
+    python3 tools/device/step.py [--launch NAME -- CMD...] [--fetch FILE ...] [--wait TEXT SECONDS] [--tail N]
 
 - parts: .device/parts/*.partNN are appended in order to /tmp/vb/models/NAME.incoming; after the
   last (the manifest in .device/meta/NAME.json) the sha256 is checked and the file renamed;
@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +113,23 @@ def status(tail: int) -> None:
     print("gpu:", r.stdout.strip() or r.stderr.strip())
 
 
+def wait(text: str, seconds: float) -> None:
+    """Hold the call (the machine goes back ~30 s after a call ends, and the jobs with it) until a
+    job's log shows ``text``, every job has ended, or ``seconds`` have passed."""
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        logs = sorted((VB / "logs").glob("*.log"))
+        if any(text in log.read_text(errors="replace") for log in logs):
+            print(f"wait: '{text}' after {time.time() - t0:.0f} s")
+            return
+        pids = [p.read_text().strip() for p in (VB / "logs").glob("*.pid")]
+        if pids and not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            print(f"wait: every job has ended, after {time.time() - t0:.0f} s")
+            return
+        time.sleep(5)
+    print(f"wait: {seconds:.0f} s passed")
+
+
 def fetch(files: list[str]) -> None:
     out = Path(os.environ.get("OUT", "/tmp/vb/out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -130,6 +148,7 @@ def main() -> None:
     ap.add_argument("--fetch", nargs="*", default=[])
     ap.add_argument("--tail", type=int, default=8)
     ap.add_argument("--run", help="a shell command to run now, in the prepared environment, before the status")
+    ap.add_argument("--wait", nargs=2, metavar=("TEXT", "SECONDS"), help="wait until a job's log shows TEXT (or SECONDS pass)")
     args = ap.parse_args()
     for d in ("models", "logs", "site", "cache", "runs"):
         (VB / d).mkdir(parents=True, exist_ok=True)
@@ -141,6 +160,8 @@ def main() -> None:
         subprocess.run(["bash", "-c", args.run], cwd=ROOT, env=env())
     if args.launch:
         launch(args.launch[0], args.launch[1:])
+    if args.wait:
+        wait(args.wait[0], float(args.wait[1]))
     status(args.tail)
 
 

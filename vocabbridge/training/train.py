@@ -348,6 +348,7 @@ def train_heads(
     roles = lm.view.roles
     stops = {roles[r] for r in ("eos", "end_of_turn") if r in roles}
     fresh: list[Sequence] = []
+    in_memory = gpu and bool(aux_layers)
     with Progress(len(rendered), "data (prompts)", quiet=quiet) as bar:
         shards = generate_data(
             lm.model,
@@ -362,9 +363,11 @@ def train_heads(
             settings={"new_tokens": recipe.new_tokens, "top_k": recipe.top_k, "data_dtype": gen_dtype}
             | ({"aux_layers": list(aux_layers)} if aux_layers else {}),
             aux_layers=aux_layers,
-            keep=fresh if gpu else None,  # a GPU's data stay in its memory (tens of GB of layer streams): no shards
+            # A GPU's EAGLE-3 data stay in its memory (tens of GB of layer streams): no shards. An MTP
+            # head's are written as on a CPU (a few GB): a later run, or a transplant's heal, reads them.
+            keep=fresh if in_memory else None,
         )
-    seqs = fresh if gpu else [s for path in shards for s in load_shard(path)]
+    seqs = fresh if in_memory else [s for path in shards for s in load_shard(path)]
     timings["data"] = time.perf_counter() - t1
     train_seqs, held = split_heldout(seqs, recipe.heldout, recipe.seed)
     tokens = {

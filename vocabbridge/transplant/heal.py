@@ -117,6 +117,36 @@ def _gen_dtype(recipe: HealRecipe, device: str) -> str:
     return "bfloat16" if device.startswith("cuda") else "int8"
 
 
+def folder_data(data_dir: Path, *, vocab_size: int) -> tuple[list[Sequence], dict] | None:
+    """Every shard a data folder's manifest lists, as it is (None: the folder holds none yet).
+
+    A train-head run's folder (``heads/NAME/train/data``, or a GPU run's with its Magpie prompts)
+    was planned over other prompts than :func:`heal_data`'s, so its shards would never match that
+    plan: they are taken whole instead, whatever prompts, lengths or top-k made them. Token ids past
+    the drafter's vocabulary mean another target's data, which would train the wrong rows."""
+    manifest_path = data_dir / "manifest.json"
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    paths = [data_dir / name for name in sorted(manifest.get("shards", {})) if (data_dir / name).is_file()]
+    if not paths:
+        return None
+    seqs = [s for p in paths for s in load_shard(p)]
+    top = max(int(s.tokens.max()) for s in seqs if len(s.tokens))
+    if top >= vocab_size:
+        raise ConfigError(
+            f"{data_dir}: its answers hold token id {top}, past the drafter's {vocab_size:,} rows: they were written "
+            "by another target. Give the data folder of a run on this target (or none, to generate it)."
+        )
+    settings = manifest.get("settings", {})
+    return seqs, {"batches": len(paths), "batches_planned": len(paths), "seconds": 0.0} | {
+        "data_dtype": settings.get("data_dtype", "unknown"),
+        "new_tokens": settings.get("new_tokens"),
+        "top_k": settings.get("top_k"),
+        "given_folder": True,
+    }
+
+
 def heal_data(
     target: str, data_dir: Path, recipe: HealRecipe, *, deadline: float | None, say, quiet: bool
 ) -> tuple[list[Sequence], dict]:
@@ -328,7 +358,8 @@ def heal(
     timings: dict[str, float] = {}
 
     data_dir = Path(data_folder).expanduser() if data_folder else work / "data"
-    seqs, data_info = heal_data(
+    given = folder_data(data_dir, vocab_size=len(read_rows(folder)[0])) if data_folder else None
+    seqs, data_info = given or heal_data(
         target, data_dir, recipe, deadline=t0 + budget * recipe.data_share if budget else None, say=say, quiet=quiet
     )
     timings["data"] = time.perf_counter() - t0
@@ -391,6 +422,7 @@ def heal(
         "steps_rows": run.steps_by_stage.get("rows", 0),
         "steps_whole": run.steps_by_stage.get("whole", 0),
         "kept_rows_of_step": run.kept_step,
+        "kept_whole_model": run.whole_kept,
         "untied_lm_head": untied,
         "before": before,
         "after": after,
@@ -443,6 +475,7 @@ class _Healing:
         self.ckpt = work / CKPT
         self.best = None  # the rows stage's best held-out state: (score, step, eval, the new rows)
         self.kept_step: int | None = None  # the step whose rows the stage kept, where not its last
+        self.whole_kept: bool | None = None  # whether the whole-model stage's weights were kept (None: no such stage)
 
     # ---- evaluation ------------------------------------------------------------------------
 
@@ -481,7 +514,7 @@ class _Healing:
         if entry is None:
             return
         ev = entry["eval"]
-        score = (round(ev["mean_acceptance_length"], 4), -ev["loss"])
+        score = _score(ev)
         if self.best is None or score > self.best[0]:
             self.best = (score, entry["step"], ev, self.head.weight.detach()[self.new].clone())
 
@@ -520,16 +553,25 @@ class _Healing:
         planned = per_epoch * r.epochs
         t_start, done_here = time.perf_counter(), 0
         self._consider()  # the rows as they start: zero-shot, or where a resumed run stopped
+        # On a GPU the positions move there once (a million of them are ~2.5 GB of hidden states);
+        # each epoch's order is drawn once, not at every step (a permutation of 10⁶ costs ~10 ms).
+        src = self.train
+        if self.device != "cpu":
+            src = dataclasses.replace(
+                src, hidden=src.hidden.to(self.device), topk_ids=src.topk_ids.to(self.device), topk_p=src.topk_p.to(self.device)
+            )
+        orders: dict[int, torch.Tensor] = {}
         with Progress(planned, "heal: the new rows (steps)", quiet=quiet) as bar:
             bar.update(self.step)
             while self.step < planned:
                 epoch, i = divmod(self.step, per_epoch)
-                order = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(r.seed + epoch))
-                idx = order[i * r.batch_positions : (i + 1) * r.batch_positions]
+                if epoch not in orders:
+                    orders = {epoch: torch.randperm(len(src), generator=torch.Generator().manual_seed(r.seed + epoch))}
+                idx = orders[epoch][i * r.batch_positions : (i + 1) * r.batch_positions].to(src.hidden.device)
                 for g in opt.param_groups:
                     g["lr"] = _lr(self.step, planned, r.lr_rows)
-                h = self.train.hidden[idx].to(self.device)
-                loss = candidate_soft_ce(h, w, self.train.topk_ids[idx].to(self.device), self.train.topk_p[idx].to(self.device))
+                h = src.hidden[idx].to(self.device)
+                loss = candidate_soft_ce(h, w, src.topk_ids[idx].to(self.device), src.topk_p[idx].to(self.device))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 w.grad.mul_(mask)  # the copied and special rows stay the drafter's own
@@ -537,16 +579,11 @@ class _Healing:
                 self.step += 1
                 done_here += 1
                 self.steps_by_stage["rows"] = self.steps_by_stage.get("rows", 0) + 1
+                lv = float(loss.detach())
                 self.history.append(
-                    {
-                        "step": self.step,
-                        "epoch": self.step / per_epoch,
-                        "stage": "rows",
-                        "loss": float(loss.detach()),
-                        "per_depth": [float(loss.detach())],
-                    }
+                    {"step": self.step, "epoch": self.step / per_epoch, "stage": "rows", "loss": lv, "per_depth": [lv]}
                 )
-                bar.update(1, epoch=epoch + 1, loss=float(loss.detach()))
+                bar.update(1, epoch=epoch + 1, loss=lv)
                 if deadline is not None and done_here == TIMING_STEPS:
                     per_step = (time.perf_counter() - t_start) / TIMING_STEPS
                     fit = self.step + max(0, int((deadline - time.perf_counter()) / (per_step * 1.08)))  # past it: stop here
@@ -566,8 +603,13 @@ class _Healing:
 
     def whole_stage(self, train_seqs: list[Sequence], held_seqs: list[Sequence], *, deadline: float | None, quiet: bool) -> None:
         """Every weight, on the same positions, one sequence at a time (gradients accumulated to
-        ``batch_positions`` a step), until ``deadline``; the held-out features are then recomputed."""
+        ``batch_positions`` a step), until ``deadline``; the held-out features are then recomputed.
+        Where the whole model then scores worse held out than the rows it started from (the same
+        rule as the rows stage's), its weights are put back and ``whole_kept`` says so."""
         r, model = self.recipe, self.model
+        start_eval = (self._last_evaluated() or {}).get("eval")
+        start_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        start_hidden = self.held.hidden
         model.requires_grad_(True)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -609,7 +651,19 @@ class _Healing:
         model.requires_grad_(False)
         if steps:
             self.held.hidden = drafter_hidden(model, held_seqs)
-            self.evaluate(step=self.step, stage="whole")
+            ev = self.evaluate(step=self.step, stage="whole")
+            if start_eval is not None and _score(ev) < _score(start_eval):
+                model.load_state_dict(start_state)
+                self.held.hidden = start_hidden
+                self.whole_kept = False
+                self.history.append({"step": self.step, "epoch": 0.0, "stage": "whole", "eval": start_eval, "kept_step": 0})
+                self.say(
+                    f"the whole model scored worse held out (mean acceptance length {ev['mean_acceptance_length']:.3f}, loss "
+                    f"{ev['loss']:.3f}) than the rows it started from ({start_eval['mean_acceptance_length']:.3f}, "
+                    f"{start_eval['loss']:.3f}): its weights are put back"
+                )
+            else:
+                self.whole_kept = True
         self.say(f"whole model: {steps} steps in {time.perf_counter() - t_start:.0f} s")
         self.stage = "done"
 
@@ -642,6 +696,11 @@ class _Healing:
         if self.stage != "rows":
             self.stage = "rows"  # a finished rows stage resumes as done (its step count is reached)
         self.say(f"resumed at step {self.step}")
+
+
+def _score(ev: dict) -> tuple[float, float]:
+    """How a held-out evaluation ranks: the longest mean acceptance length, then the lowest loss."""
+    return (round(ev["mean_acceptance_length"], 4), -ev["loss"])
 
 
 def _lr(step: int, total: int, peak: float) -> float:
