@@ -32,6 +32,11 @@ from vocabbridge.prompts import load_prompts, select_prompts
 from vocabbridge.spec import EngineSpec, parse_drafters
 
 
+
+def _cell(x: float, fmt: str) -> str:
+    """A table cell; a figure that has no meaning for the row (plain decoding drafts nothing) reads –."""
+    return "–" if x != x else format(x, fmt)
+
 def run(built, prompts, max_tokens: int) -> dict:
     engine, view = built.engine, built.target.view
     params = SamplingParams(max_new_tokens=max_tokens)
@@ -118,10 +123,8 @@ def main() -> None:
             "drafter_forwards_per_step": fwd_step,
         }
         pos = " / ".join(f"{a:.0%}" for a in by_pos) or "–"
-        rows.append(
-            f"| {d.name} | {tps:.1f} | ×{tps / plain[1]:.2f} | {acc:.1%} | {pos} | {mal:.2f} | {per_fwd:.2f} | "
-            f"{ms_step:.1f} | {fwd_step:.2f} | {same}/{len(prompts)} |"
-        )
+        cells = [_cell(acc, ".1%"), pos, _cell(mal, ".2f"), _cell(per_fwd, ".2f"), _cell(ms_step, ".1f"), _cell(fwd_step, ".2f")]
+        rows.append(f"| {d.name} | {tps:.1f} | ×{tps / plain[1]:.2f} | {' | '.join(cells)} | {same}/{len(prompts)} |")
         print(rows[-1], file=sys.stderr, flush=True)
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else platform.processor() or "CPU"
     head = [
