@@ -32,10 +32,10 @@ from vocabbridge.prompts import load_prompts, select_prompts
 from vocabbridge.spec import EngineSpec, parse_drafters
 
 
-
 def _cell(x: float, fmt: str) -> str:
     """A table cell; a figure that has no meaning for the row (plain decoding drafts nothing) reads –."""
     return "–" if x != x else format(x, fmt)
+
 
 def run(built, prompts, max_tokens: int) -> dict:
     engine, view = built.engine, built.target.view
