@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -308,6 +309,43 @@ def test_a_given_data_folder_is_read_whole_and_a_worse_whole_model_is_put_back(m
     assert rec["steps_whole"] > 0 and rec["kept_whole_model"] is False
     assert h.after == [e for e in h.history if e.get("stage") == "rows" and "eval" in e][-1]["eval"]
     assert any("put back" in m for m in said)
+
+
+def test_padded_forwards_compute_what_one_sequence_at_a_time_does(transplanted):
+    """On a GPU the feature pass and the whole-model stage pad sequences together (micro_tokens):
+    the hidden states, and one whole-model step's loss and gradients, are those of one sequence at
+    a time (the CPU's way), up to float rounding."""
+    from transformers import AutoModelForCausalLM
+
+    from vocabbridge.training.data import Sequence
+    from vocabbridge.transplant.heal import HealRecipe, _Healing, drafter_hidden, micro_batches
+
+    g = torch.Generator().manual_seed(5)
+    model = AutoModelForCausalLM.from_pretrained(str(transplanted["mean"].folder), dtype=torch.float32)
+    vocab, k = model.get_output_embeddings().weight.shape[0], 3
+    seqs = []
+    for n, start in ((9, 4), (17, 5), (6, 2), (12, 11), (3, 3)):  # the last one predicts nothing generated
+        p = torch.rand(n - 1, k, generator=g)
+        ids = torch.randint(0, vocab, (n - 1, k), generator=g, dtype=torch.int32)
+        seqs.append(Sequence(torch.randint(0, vocab, (n,), generator=g), torch.zeros(n - 1, 1), ids, p.half(), start))
+    assert [len(b) for b in micro_batches(seqs, 24)] == [2, 1, 1] and len(micro_batches(seqs, 0)) == 4
+    one, padded = drafter_hidden(model, seqs), drafter_hidden(model, seqs, max_tokens=24)
+    assert one.shape == (sum(len(s.tokens) - s.gen_start for s in seqs[:4]), model.config.hidden_size)
+    assert torch.allclose(one, padded, atol=1e-5)
+
+    def step(micro):
+        m = AutoModelForCausalLM.from_pretrained(str(transplanted["mean"].folder), dtype=torch.float32)
+        run = _Healing(m, None, None, None, HealRecipe(), Path("."), device="cpu", say=lambda s: None)
+        params = list(m.parameters())
+        opt = torch.optim.SGD(params, lr=0.0)  # the gradients stay to be read (zero_grad runs after the step)
+        grads = []
+        opt.step = lambda: grads.extend(p.grad.clone() for p in params)
+        n = sum(len(s.tokens) - s.gen_start for s in seqs[:4])
+        return run._whole_step(m.get_decoder(), opt, params, seqs, n, micro), grads
+
+    (loss_one, g_one), (loss_pad, g_pad) = step(0), step(24)
+    assert loss_one == pytest.approx(loss_pad, rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_one, g_pad))
 
 
 # ==== GGUF for llama.cpp ============================================================================

@@ -1,5 +1,6 @@
-"""Progress for long phases: a rich bar on a terminal, one plain line per update elsewhere (logs, CI),
-and there also a line every ``VOCABBRIDGE_PROGRESS_SECONDS`` (30 s) without an update (a batch of
+"""Progress for long phases: a rich bar on a terminal; elsewhere (logs, CI) plain lines, at most one
+every ``VOCABBRIDGE_PROGRESS_SECONDS`` (30 s) besides the first update and the last (a heal's
+thousands of steps wrote a line each), and one in that time without an update too (a batch of
 generation can take minutes).
 
 >>> with Progress(3, "steps", stream=io.StringIO()) as p:  # doctest: +SKIP
@@ -25,7 +26,7 @@ class Progress:
         self.total, self.desc, self.unit, self.done = total, desc, unit, 0
         self.stream = stream if stream is not None else sys.stderr
         self.quiet = quiet
-        self.t0 = self.said = time.perf_counter()
+        self.t0 = self.said = self.updated = time.perf_counter()
         self.bar = None
         self._beat = None
         if not quiet and getattr(self.stream, "isatty", lambda: False)():
@@ -45,8 +46,8 @@ class Progress:
             self._beat.__enter__()
 
     def _still(self, elapsed: float) -> str | None:
-        if time.perf_counter() - self.said < progress_every():
-            return None
+        if time.perf_counter() - max(self.said, self.updated) < progress_every():
+            return None  # a line or an update came lately: the update's line will say it
         self.said = time.perf_counter()
         return f"{self.desc}: {self.done}/{self.total}{self.unit}  {elapsed:.0f} s  (working)"
 
@@ -56,8 +57,11 @@ class Progress:
         if self.bar is not None:
             self.bar.update(self.task, advance=n, info=text)
         elif not self.quiet:
-            self.said = time.perf_counter()
-            elapsed = self.said - self.t0
+            now = self.updated = time.perf_counter()
+            if self.done < self.total and self.done > n and now - self.said < progress_every():
+                return  # off a terminal: a line every progress_every() seconds, the first and the last
+            self.said = now
+            elapsed = now - self.t0
             print(
                 f"{self.desc}: {self.done}/{self.total}{self.unit}  {elapsed:.0f} s  {text}".rstrip(),
                 file=self.stream,

@@ -56,9 +56,10 @@ from .plan import COPIED, SPECIAL
 
 HEAL_DIR = "heal"
 CKPT = "checkpoint.pt"
-TIMING_STEPS = 3
+TIMING_AT = (4, 40)  # the rows stage plans its steps after these many (the first one left out of the timing)
 SAVE_RESERVE_S = 30.0  # of a budget, for the final evaluation and saving
 CANDIDATES = 64  # the drafter's own likeliest tokens per position whose rows the rows stage's gradient reaches
+GPU_MICRO_TOKENS = 8192  # tokens per forward on a GPU (a 135M drafter's 8 K tokens with gradients: ~3 GB)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class HealRecipe:
     eval_k: int = 4
     data_dtype: str = "auto"  # the target writing the data: int8 on a CPU (as --dtype int8 serves it), bf16 on CUDA
     device: str = "auto"
+    # Tokens per forward (sequences padded together) in the feature pass and the whole-model stage:
+    # 0, one sequence at a time on a CPU and GPU_MICRO_TOKENS on a GPU (bf16 autocast there).
+    micro_tokens: int = 0
 
     def __post_init__(self):
         if self.budget_minutes < 0 or not 0 < self.data_share < 1 or not 0 <= self.whole_share <= 1:
@@ -95,7 +99,7 @@ class HealRecipe:
         return {"new_tokens": self.new_tokens, "top_k": self.top_k, "data_dtype": gen_dtype}
 
     def training_key(self) -> dict:
-        skip = {"budget_minutes", "data_share", "device", "gen_batch", "epochs", "whole_share"}
+        skip = {"budget_minutes", "data_share", "device", "gen_batch", "epochs", "whole_share", "micro_tokens"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -235,21 +239,84 @@ def positions_of(seqs: list[Sequence]) -> Positions:
     return Positions(torch.cat(ids), torch.cat(ps), torch.cat(nxt), torch.cat(seq_of))
 
 
+def _span(s: Sequence) -> tuple[int, int]:
+    """The positions of ``s`` that predict a generated token: ``a`` up to ``b`` (exclusive)."""
+    return max(s.gen_start - 1, 0), len(s.tokens) - 1
+
+
+def micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[int]]:
+    """Indices of ``seqs`` grouped for padded forwards: each group's count × longest input at most
+    ``max_tokens`` (one sequence at least), similar lengths together; ``max_tokens`` ≤ 0: one each.
+
+    >>> class S:
+    ...     def __init__(self, n): self.gen_start, self.tokens = 1, [0] * n
+    >>> micro_batches([S(5), S(9), S(4), S(8)], 16)
+    [[2, 0], [3, 1]]
+    >>> micro_batches([S(5), S(1), S(4)], 0)  # S(1) predicts no generated token
+    [[2], [0]]
+    """
+    order = [i for i in sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens)) if _span(seqs[i])[1] > _span(seqs[i])[0]]
+    if max_tokens <= 0:
+        return [[i] for i in order]
+    groups: list[list[int]] = []
+    for i in order:
+        n = _span(seqs[i])[1]
+        if groups and (len(groups[-1]) + 1) * max(n, _span(seqs[groups[-1][-1]])[1]) <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def micro_tokens(recipe: HealRecipe, device: str) -> int:
+    """Tokens per padded forward: the recipe's, else one sequence at a time on a CPU (padding
+    costs it time) and GPU_MICRO_TOKENS on a GPU (where one sequence leaves it mostly idle)."""
+    if recipe.micro_tokens > 0:
+        return recipe.micro_tokens
+    return GPU_MICRO_TOKENS if str(device).startswith("cuda") else 0
+
+
+def _autocast(device: str):
+    """bf16 autocast on a GPU (the weights and the optimizer stay float32), nothing on a CPU."""
+    import contextlib
+
+    return torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else contextlib.nullcontext()
+
+
+def generated_hidden(base, seqs: list[Sequence], device) -> torch.Tensor:
+    """The drafter body's final hidden states at the generated-token positions of ``seqs``, in their
+    order, from one forward: padded on the right with an attention mask where there are several
+    (a causal model's states before the padding are those of the sequence alone)."""
+    spans = [_span(s) for s in seqs]
+    if len(seqs) == 1:
+        a, b = spans[0]
+        return base(input_ids=seqs[0].tokens[:b][None].to(device)).last_hidden_state[0, a:b]
+    width = max(b for _, b in spans)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, (s, (_, b)) in enumerate(zip(seqs, spans)):
+        ids[i, :b], mask[i, :b] = s.tokens[:b].long(), 1
+    h = base(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+    return torch.cat([h[i, a:b] for i, (a, b) in enumerate(spans)])
+
+
 @torch.inference_mode()
-def drafter_hidden(model, seqs: list[Sequence], *, progress=None) -> torch.Tensor:
-    """The drafter's final hidden states at each sequence's generated-token positions, concatenated."""
+def drafter_hidden(model, seqs: list[Sequence], *, progress=None, max_tokens: int = 0) -> torch.Tensor:
+    """The drafter's final hidden states at each sequence's generated-token positions, concatenated
+    in the order of ``seqs``; ``max_tokens`` > 0 pads sequences together (:func:`micro_batches`)."""
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     dev = model.get_input_embeddings().weight.device
-    out = []
-    for s in seqs:
-        a, b = max(s.gen_start - 1, 0), len(s.tokens) - 1
-        if b <= a:
-            continue
-        h = base(input_ids=s.tokens[:b][None].to(dev)).last_hidden_state[0, a:b]
-        out.append(h.float().cpu())
-        if progress is not None:
-            progress.update(1)
-    return torch.cat(out)
+    parts: dict[int, torch.Tensor] = {}
+    with _autocast(str(dev)):
+        for group in micro_batches(seqs, max_tokens):
+            h = generated_hidden(base, [seqs[i] for i in group], dev).float().cpu()
+            start = 0
+            for i in group:
+                a, b = _span(seqs[i])
+                parts[i], start = h[start : start + b - a], start + b - a
+            if progress is not None:
+                progress.update(len(group))
+    return torch.cat([parts[i] for i in range(len(seqs)) if i in parts])
 
 
 def soft_ce(logits: torch.Tensor, topk_ids: torch.Tensor, topk_p: torch.Tensor) -> torch.Tensor:
@@ -381,8 +448,9 @@ def heal(
     new = torch.from_numpy(~np.isin(kind, (COPIED, SPECIAL)))  # [rows]: the rows healing may change
     untied = _own_lm_head(model)
     with Progress(len(train_seqs) + len(held_seqs), "heal: the drafter's hidden states", quiet=quiet) as bar:
-        train_pos.hidden = drafter_hidden(model, train_seqs, progress=bar)
-        held_pos.hidden = drafter_hidden(model, held_seqs, progress=bar)
+        micro = micro_tokens(recipe, device)
+        train_pos.hidden = drafter_hidden(model, train_seqs, progress=bar, max_tokens=micro)
+        held_pos.hidden = drafter_hidden(model, held_seqs, progress=bar, max_tokens=micro)
     timings["features"] = time.perf_counter() - t1
 
     run = _Healing(model, new.to(device), train_pos, held_pos, recipe, work, device=device, say=say)
@@ -550,8 +618,8 @@ class _Healing:
         if self.opt is not None:
             opt.load_state_dict(self.opt)
         per_epoch = math.ceil(len(self.train) / r.batch_positions)
-        planned = per_epoch * r.epochs
-        t_start, done_here = time.perf_counter(), 0
+        planned = full = per_epoch * r.epochs
+        done_here, t_first = 0, time.perf_counter()
         self._consider()  # the rows as they start: zero-shot, or where a resumed run stopped
         # On a GPU the positions move there once (a million of them are ~2.5 GB of hidden states);
         # each epoch's order is drawn once, not at every step (a permutation of 10⁶ costs ~10 ms).
@@ -584,11 +652,16 @@ class _Healing:
                     {"step": self.step, "epoch": self.step / per_epoch, "stage": "rows", "loss": lv, "per_depth": [lv]}
                 )
                 bar.update(1, epoch=epoch + 1, loss=lv)
-                if deadline is not None and done_here == TIMING_STEPS:
-                    per_step = (time.perf_counter() - t_start) / TIMING_STEPS
-                    fit = self.step + max(0, int((deadline - time.perf_counter()) / (per_step * 1.08)))  # past it: stop here
-                    if fit < planned:
-                        self.say(f"budget: {fit} of {planned} steps fit ({per_step:.2f} s a step)")
+                if done_here == 1:
+                    t_first = time.perf_counter()  # the first step pays the warm-up (a GPU's: ~5 times a step)
+                if deadline is not None and done_here in TIMING_AT:
+                    # The steps that fit, from the steps after the first; planned again later, on more
+                    # of them (the first few still run slow on a GPU), never past the full schedule.
+                    now = time.perf_counter()
+                    per_step = (now - t_first) / (done_here - 1)
+                    fit = min(full, self.step + max(0, int((deadline - now) / (per_step * 1.08))))  # past it: stop here
+                    if fit != planned:
+                        self.say(f"budget: {fit} of {full} steps fit ({per_step:.3f} s a step)")
                         planned = fit
                 if i == per_epoch - 1 or self.step == planned:
                     self.evaluate(step=self.step, stage="rows", epoch=self.step / per_epoch)
@@ -602,11 +675,14 @@ class _Healing:
     # ---- the whole-model stage -------------------------------------------------------------
 
     def whole_stage(self, train_seqs: list[Sequence], held_seqs: list[Sequence], *, deadline: float | None, quiet: bool) -> None:
-        """Every weight, on the same positions, one sequence at a time (gradients accumulated to
-        ``batch_positions`` a step), until ``deadline``; the held-out features are then recomputed.
-        Where the whole model then scores worse held out than the rows it started from (the same
-        rule as the rows stage's), its weights are put back and ``whole_kept`` says so."""
+        """Every weight, on the same positions, until ``deadline``: each step takes the next
+        sequences of a shuffled order until they hold ``batch_positions`` positions, its loss the
+        mean over them, in padded forwards of at most :func:`micro_tokens` tokens (one sequence at
+        a time on a CPU; bf16 autocast on a GPU); the held-out features are then recomputed. Where
+        the whole model then scores worse held out than the rows it started from (the same rule as
+        the rows stage's), its weights are put back and ``whole_kept`` says so."""
         r, model = self.recipe, self.model
+        micro = micro_tokens(r, self.device)
         start_eval = (self._last_evaluated() or {}).get("eval")
         start_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         start_hidden = self.held.hidden
@@ -615,42 +691,31 @@ class _Healing:
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=r.lr_whole, weight_decay=0.0)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        order = list(range(len(train_seqs)))
+        order = [j for j in range(len(train_seqs)) if _span(train_seqs[j])[1] > _span(train_seqs[j])[0]]
         random.Random(r.seed).shuffle(order)
-        t_start, steps, n, acc_loss = time.perf_counter(), 0, 0, 0.0
+        t_start, steps = time.perf_counter(), 0
         with Progress(len(order), "heal: the whole model (sequences)", quiet=quiet) as bar:
-            opt.zero_grad(set_to_none=True)
+            pending: list[Sequence] = []
+            n = 0
             for j in order:
                 if deadline is not None and time.perf_counter() > deadline:
                     break
                 s = train_seqs[j]
-                a, b = max(s.gen_start - 1, 0), len(s.tokens) - 1
-                if b <= a:
+                pending.append(s)
+                n += _span(s)[1] - _span(s)[0]
+                if n < r.batch_positions:
                     continue
-                h = base(input_ids=s.tokens[:b][None].to(self.device)).last_hidden_state[0, a:b]
-                p = s.topk_p[a:b].float()
-                loss = soft_ce(
-                    self.head(h), s.topk_ids[a:b].long().to(self.device), (p / p.sum(-1, keepdim=True)).to(self.device)
-                )
-                (loss * (b - a) / r.batch_positions).backward()
-                n += b - a
-                acc_loss += float(loss.detach()) * (b - a)
-                bar.update(1)
-                if n >= r.batch_positions:
-                    torch.nn.utils.clip_grad_norm_(params, 1.0)
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    steps += 1
-                    self.step += 1
-                    self.steps_by_stage["whole"] = self.steps_by_stage.get("whole", 0) + 1
-                    self.history.append(
-                        {"step": self.step, "epoch": 0.0, "stage": "whole", "loss": acc_loss / n, "per_depth": [acc_loss / n]}
-                    )
-                    n, acc_loss = 0, 0.0
+                loss = self._whole_step(base, opt, params, pending, n, micro)
+                bar.update(len(pending), loss=loss)
+                pending, n = [], 0
+                steps += 1
+                self.step += 1
+                self.steps_by_stage["whole"] = self.steps_by_stage.get("whole", 0) + 1
+                self.history.append({"step": self.step, "epoch": 0.0, "stage": "whole", "loss": loss, "per_depth": [loss]})
         model.eval()
         model.requires_grad_(False)
         if steps:
-            self.held.hidden = drafter_hidden(model, held_seqs)
+            self.held.hidden = drafter_hidden(model, held_seqs, max_tokens=micro)
             ev = self.evaluate(step=self.step, stage="whole")
             if start_eval is not None and _score(ev) < _score(start_eval):
                 model.load_state_dict(start_state)
@@ -666,6 +731,24 @@ class _Healing:
                 self.whole_kept = True
         self.say(f"whole model: {steps} steps in {time.perf_counter() - t_start:.0f} s")
         self.stage = "done"
+
+    def _whole_step(self, base, opt, params, seqs: list[Sequence], n: int, micro: int) -> float:
+        """One optimizer step of the whole model on ``seqs`` (``n`` positions): the mean soft
+        cross-entropy, its gradient accumulated over padded forwards of ``micro`` tokens; the loss."""
+        total = 0.0
+        with _autocast(self.device):
+            for group in micro_batches(seqs, micro):
+                part = [seqs[i] for i in group]
+                h = generated_hidden(base, part, self.device)
+                ids = torch.cat([s.topk_ids[slice(*_span(s))] for s in part]).long().to(self.device)
+                p = torch.cat([s.topk_p[slice(*_span(s))] for s in part]).float()
+                loss = soft_ce(self.head(h), ids, (p / p.sum(-1, keepdim=True).clamp_min(1e-8)).to(self.device))
+                (loss * len(h) / n).backward()
+                total += float(loss.detach()) * len(h)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return total / n
 
     # ---- checkpoints -----------------------------------------------------------------------
 
