@@ -479,6 +479,48 @@ def test_healing_keeps_the_rows_of_its_best_held_out_evaluation(tmp_path):
     assert run.kept_step is None and torch.equal(w.detach(), before)
 
 
+@pytest.mark.parametrize("rows_loss", ["candidates", "exact"])
+def test_the_rows_stage_learns_the_new_rows_with_either_loss(tmp_path, rows_loss):
+    """The rows stage on a linear head over fixed features: with the exact full-vocabulary loss (a
+    GPU's default) or the candidates' gradient (a CPU's), the held-out loss falls and only the new
+    rows move; a loss of another name is refused."""
+    from vocabbridge.transplant.heal import HealRecipe, Positions, _Healing
+
+    g = torch.Generator().manual_seed(2)
+    vocab, d, n, k = 300, 16, 2048, 4
+    truth = torch.randn(vocab, d, generator=g)
+
+    def positions(m):
+        h = torch.randn(m, d, generator=g)
+        top = torch.softmax(h @ truth.T, -1).topk(k, -1)
+        p = top.values / top.values.sum(-1, keepdim=True)
+        return Positions(top.indices, p, top.indices[:, 0], torch.arange(m) // 8, hidden=h)
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(d, vocab, bias=False)
+            with torch.no_grad():
+                self.head.weight.copy_(truth + torch.randn(vocab, d, generator=g))
+
+        def get_output_embeddings(self):
+            return self.head
+
+    model = Linear()
+    new = torch.rand(vocab, generator=g) < 0.7
+    start = model.head.weight.detach().clone()
+    recipe = HealRecipe(rows_loss=rows_loss, epochs=3, batch_positions=256, lr_rows=3e-2)
+    run = _Healing(model, new, positions(n), positions(512), recipe, tmp_path, device="cpu", say=lambda m: None)
+    before = run.evaluate(step=0, stage="rows")
+    run.rows_stage(deadline=None, quiet=True)
+    after = run._last_evaluated()["eval"]
+    assert after["loss"] < before["loss"] - 0.1
+    w = model.head.weight.detach()
+    assert torch.equal(w[~new], start[~new]) and not torch.equal(w[new], start[new])
+    with pytest.raises(ConfigError, match="rows_loss"):
+        HealRecipe(rows_loss="sampled")
+
+
 def test_the_shared_row_map_starts_at_zero_shot_writes_its_logits_rows_and_moves_unseen_rows():
     """The shared map (every composed row moved by the same few parameters) is the zero-shot rows at
     the start; its logits equal the rows it writes out and carry a gradient to every parameter;

@@ -56,7 +56,7 @@ def plot_curves(history: list[dict], folder: Path, *, name: str = "MTP head") ->
     fig, ax = plt.subplots(figsize=(6, 4))
     for h in evals:
         acc = h["eval"]["acceptance_per_position"]
-        label = f"epoch {h['epoch']:.0f}: mean length {h['eval']['mean_acceptance_length']:.2f}"
+        label = f"{_when(h)}: mean length {h['eval']['mean_acceptance_length']:.2f}"
         ax.plot(range(1, len(acc) + 1), [100 * a for a in acc], marker="o", label=label)
     if not evals:
         ax.text(0.5, 0.5, "no held-out evaluation yet", ha="center", va="center", transform=ax.transAxes, color="gray")
@@ -70,3 +70,23 @@ def plot_curves(history: list[dict], folder: Path, *, name: str = "MTP head") ->
     fig.savefig(acc_png, dpi=110)
     plt.close(fig)
     return [loss_png, acc_png]
+
+
+def _when(h: dict) -> str:
+    """A held-out evaluation's legend: its epoch for a head, its stage and step for a heal (whose
+    stages share epochs: the whole-model stage restarts at 0), and what a kept entry kept.
+
+    >>> _when({"epoch": 2.0, "step": 40}), _when({"stage": "whole", "step": 931, "epoch": 0.0})
+    ('epoch 2', 'whole model, step 931')
+    >>> _when({"stage": "rows", "step": 0}), _when({"stage": "rows", "step": 90, "kept_step": 37})
+    ('start', 'kept: step 37')
+    """
+    if "kept_step" in h:
+        if h.get("stage") == "whole":
+            return "whole model put back"
+        return "kept: start" if h["kept_step"] == 0 else f"kept: step {h['kept_step']}"
+    if "stage" not in h:
+        return f"epoch {h['epoch']:.0f}"
+    if h["step"] == 0:
+        return "start"
+    return f"{'whole model' if h['stage'] == 'whole' else 'new rows'}, step {h['step']}"

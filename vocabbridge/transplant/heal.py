@@ -87,10 +87,16 @@ class HealRecipe:
     # Tokens per forward (sequences padded together) in the feature pass and the whole-model stage:
     # 0, one sequence at a time on a CPU and GPU_MICRO_TOKENS on a GPU (bf16 autocast there).
     micro_tokens: int = 0
+    # The rows stage's loss: "exact" (the full vocabulary's softmax, three [positions × vocabulary]
+    # products a step), "candidates" (its value exact, its gradient through the teacher's top-k and
+    # the drafter's own likeliest tokens: one product) or "auto": exact on a GPU, candidates on a CPU.
+    rows_loss: str = "auto"
 
     def __post_init__(self):
         if self.budget_minutes < 0 or not 0 < self.data_share < 1 or not 0 <= self.whole_share <= 1:
             raise ConfigError("budget_minutes must be ≥ 0, data_share in (0, 1) and whole_share in [0, 1].")
+        if self.rows_loss not in ("auto", "exact", "candidates"):
+            raise ConfigError(f"rows_loss is auto, exact or candidates, not {self.rows_loss!r}.")
         if min(self.new_tokens, self.top_k, self.batch_positions, self.epochs, self.eval_k) < 1:
             raise ConfigError("new_tokens, top_k, batch_positions, epochs and eval_k must be at least 1.")
 
@@ -629,6 +635,7 @@ class _Healing:
                 src, hidden=src.hidden.to(self.device), topk_ids=src.topk_ids.to(self.device), topk_p=src.topk_p.to(self.device)
             )
         orders: dict[int, torch.Tensor] = {}
+        exact = r.rows_loss == "exact" or (r.rows_loss == "auto" and str(self.device).startswith("cuda"))
         with Progress(planned, "heal: the new rows (steps)", quiet=quiet) as bar:
             bar.update(self.step)
             while self.step < planned:
@@ -639,7 +646,8 @@ class _Healing:
                 for g in opt.param_groups:
                     g["lr"] = _lr(self.step, planned, r.lr_rows)
                 h = src.hidden[idx].to(self.device)
-                loss = candidate_soft_ce(h, w, src.topk_ids[idx].to(self.device), src.topk_p[idx].to(self.device))
+                ids, p = src.topk_ids[idx].to(self.device), src.topk_p[idx].to(self.device)
+                loss = soft_ce(h @ w.T, ids, p) if exact else candidate_soft_ce(h, w, ids, p)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 w.grad.mul_(mask)  # the copied and special rows stay the drafter's own
