@@ -481,9 +481,9 @@ def test_healing_keeps_the_rows_of_its_best_held_out_evaluation(tmp_path):
 
 @pytest.mark.parametrize("rows_loss", ["candidates", "exact"])
 def test_the_rows_stage_learns_the_new_rows_with_either_loss(tmp_path, rows_loss):
-    """The rows stage on a linear head over fixed features: with the exact full-vocabulary loss (a
-    GPU's default) or the candidates' gradient (a CPU's), the held-out loss falls and only the new
-    rows move; a loss of another name is refused."""
+    """The rows stage on a linear head over fixed features: with the exact full-vocabulary loss (the
+    default) or the candidates' gradient, the held-out loss falls and only the new rows move; a loss
+    of another name is refused."""
     from vocabbridge.transplant.heal import HealRecipe, Positions, _Healing
 
     g = torch.Generator().manual_seed(2)

@@ -6,8 +6,8 @@
             data folder serves as it is (``data_folder``)
     rows    the new rows first: the lm_head rows of every composed (and empty) token, trained on
             the drafter's own final hidden states, computed once (its body and input rows do not
-            change in this stage, so they are cached: each step is one [positions × vocabulary]
-            product). A tied drafter gets its own lm_head here (its input rows stay as they were).
+            change in this stage, so they are cached: each step is a softmax over the whole
+            vocabulary at each position, ``rows_loss``). A tied drafter gets its own lm_head here (its input rows stay as they were).
             The stage ends on the rows of its best held-out evaluation (the longest mean
             acceptance length, then the lowest loss; zero-shot included): on a CPU's few
             thousand answers the rows overfit late in the schedule.
@@ -87,16 +87,18 @@ class HealRecipe:
     # Tokens per forward (sequences padded together) in the feature pass and the whole-model stage:
     # 0, one sequence at a time on a CPU and GPU_MICRO_TOKENS on a GPU (bf16 autocast there).
     micro_tokens: int = 0
-    # The rows stage's loss: "exact" (the full vocabulary's softmax, three [positions × vocabulary]
-    # products a step), "candidates" (its value exact, its gradient through the teacher's top-k and
-    # the drafter's own likeliest tokens: one product) or "auto": exact on a GPU, candidates on a CPU.
-    rows_loss: str = "auto"
+    # The rows stage's loss: "exact" (the full vocabulary's softmax) or "candidates" (its value exact,
+    # its gradient through the teacher's top-k and the drafter's own likeliest tokens: one
+    # [positions × vocabulary] product instead of three, yet 4.0 s a step against exact's 3.4 on 2
+    # AVX2 cores, its top-k and scatter costing more than the products saved; equal acceptance,
+    # benchmarks/results/2026-12-06-gpu-heal/rows-loss.md).
+    rows_loss: str = "exact"
 
     def __post_init__(self):
         if self.budget_minutes < 0 or not 0 < self.data_share < 1 or not 0 <= self.whole_share <= 1:
             raise ConfigError("budget_minutes must be ≥ 0, data_share in (0, 1) and whole_share in [0, 1].")
-        if self.rows_loss not in ("auto", "exact", "candidates"):
-            raise ConfigError(f"rows_loss is auto, exact or candidates, not {self.rows_loss!r}.")
+        if self.rows_loss not in ("exact", "candidates"):
+            raise ConfigError(f"rows_loss is exact or candidates, not {self.rows_loss!r}.")
         if min(self.new_tokens, self.top_k, self.batch_positions, self.epochs, self.eval_k) < 1:
             raise ConfigError("new_tokens, top_k, batch_positions, epochs and eval_k must be at least 1.")
 
@@ -635,7 +637,7 @@ class _Healing:
                 src, hidden=src.hidden.to(self.device), topk_ids=src.topk_ids.to(self.device), topk_p=src.topk_p.to(self.device)
             )
         orders: dict[int, torch.Tensor] = {}
-        exact = r.rows_loss == "exact" or (r.rows_loss == "auto" and str(self.device).startswith("cuda"))
+        exact = r.rows_loss == "exact"
         with Progress(planned, "heal: the new rows (steps)", quiet=quiet) as bar:
             bar.update(self.step)
             while self.step < planned:
