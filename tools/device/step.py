@@ -106,7 +106,7 @@ def status(tail: int) -> None:
         alive = pid_file.exists() and Path(f"/proc/{pid_file.read_text().strip()}").exists()
         lines = log.read_text(errors="replace").splitlines()
         print(f"---- {log.stem} ({'running' if alive else 'ended'}, {len(lines)} lines)")
-        print("\n".join(line[-300:] for line in lines[-tail:]))
+        print("\n".join(line[-300:] for line in (lines[-tail:] if tail > 0 else [])))  # lines[-0:] is all of them
     r = subprocess.run(
         ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader"], capture_output=True, text=True
     )
