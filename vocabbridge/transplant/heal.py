@@ -7,7 +7,8 @@
     rows    the new rows first: the lm_head rows of every composed (and empty) token, trained on
             the drafter's own final hidden states, computed once (its body and input rows do not
             change in this stage, so they are cached: each step is a softmax over the whole
-            vocabulary at each position, ``rows_loss``). A tied drafter gets its own lm_head here (its input rows stay as they were).
+            vocabulary at each position, ``rows_loss``). A tied drafter gets its own lm_head
+            here (its input rows stay as they were).
             The stage ends on the rows of its best held-out evaluation (the longest mean
             acceptance length, then the lowest loss; zero-shot included): on a CPU's few
             thousand answers the rows overfit late in the schedule.
@@ -29,6 +30,7 @@ one) at the end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -231,25 +233,39 @@ class Positions:
         return len(self.next_ids)
 
 
+def _span(s: Sequence) -> tuple[int, int]:
+    """The positions of ``s`` that predict a generated token: ``a`` up to ``b`` (exclusive); feature
+    i predicts tokens[i + 1]. Empty (``a == b``) where nothing was generated."""
+    return max(s.gen_start - 1, 0), len(s.tokens) - 1
+
+
+def _generated(s: Sequence) -> int:
+    """How many of ``s``'s positions predict a generated token."""
+    a, b = _span(s)
+    return max(b - a, 0)
+
+
+def _labels(s: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's top-k ids and probabilities (renormalized) at ``s``'s generated positions."""
+    a, b = _span(s)
+    p = s.topk_p[a:b].float()
+    return s.topk_ids[a:b].long(), p / p.sum(-1, keepdim=True).clamp_min(1e-8)
+
+
 def positions_of(seqs: list[Sequence]) -> Positions:
     ids, ps, nxt, seq_of = [], [], [], []
     for j, s in enumerate(seqs):
-        a, b = max(s.gen_start - 1, 0), len(s.tokens) - 1  # feature i predicts tokens[i + 1]
+        a, b = _span(s)
         if b <= a:
             continue
-        ids.append(s.topk_ids[a:b].long())
-        p = s.topk_p[a:b].float()
-        ps.append(p / p.sum(-1, keepdim=True).clamp_min(1e-8))
+        top_ids, p = _labels(s)
+        ids.append(top_ids)
+        ps.append(p)
         nxt.append(s.tokens[a + 1 : b + 1].long())
         seq_of.append(torch.full((b - a,), j, dtype=torch.long))
     if not ids:
         raise ConfigError("the data hold no generated tokens to learn from; generate more (a larger --heal-minutes).")
     return Positions(torch.cat(ids), torch.cat(ps), torch.cat(nxt), torch.cat(seq_of))
-
-
-def _span(s: Sequence) -> tuple[int, int]:
-    """The positions of ``s`` that predict a generated token: ``a`` up to ``b`` (exclusive)."""
-    return max(s.gen_start - 1, 0), len(s.tokens) - 1
 
 
 def micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[int]]:
@@ -263,13 +279,13 @@ def micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[int]]:
     >>> micro_batches([S(5), S(1), S(4)], 0)  # S(1) predicts no generated token
     [[2], [0]]
     """
-    order = [i for i in sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens)) if _span(seqs[i])[1] > _span(seqs[i])[0]]
+    spans = [_span(s) for s in seqs]
+    order = sorted((i for i, (a, b) in enumerate(spans) if b > a), key=lambda i: spans[i][1])
     if max_tokens <= 0:
         return [[i] for i in order]
     groups: list[list[int]] = []
-    for i in order:
-        n = _span(seqs[i])[1]
-        if groups and (len(groups[-1]) + 1) * max(n, _span(seqs[groups[-1][-1]])[1]) <= max_tokens:
+    for i in order:  # by input length: the newest is a group's longest
+        if groups and (len(groups[-1]) + 1) * spans[i][1] <= max_tokens:
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -286,8 +302,6 @@ def micro_tokens(recipe: HealRecipe, device: str) -> int:
 
 def _autocast(device: str):
     """bf16 autocast on a GPU (the weights and the optimizer stay float32), nothing on a CPU."""
-    import contextlib
-
     return torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else contextlib.nullcontext()
 
 
@@ -701,7 +715,7 @@ class _Healing:
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=r.lr_whole, weight_decay=0.0)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        order = [j for j in range(len(train_seqs)) if _span(train_seqs[j])[1] > _span(train_seqs[j])[0]]
+        order = [j for j, s in enumerate(train_seqs) if _generated(s)]
         random.Random(r.seed).shuffle(order)
         t_start, steps = time.perf_counter(), 0
         with Progress(len(order), "heal: the whole model (sequences)", quiet=quiet) as bar:
@@ -712,7 +726,7 @@ class _Healing:
                     break
                 s = train_seqs[j]
                 pending.append(s)
-                n += _span(s)[1] - _span(s)[0]
+                n += _generated(s)
                 if n < r.batch_positions:
                     continue
                 loss = self._whole_step(base, opt, params, pending, n, micro)
@@ -750,9 +764,8 @@ class _Healing:
             for group in micro_batches(seqs, micro):
                 part = [seqs[i] for i in group]
                 h = generated_hidden(base, part, self.device)
-                ids = torch.cat([s.topk_ids[slice(*_span(s))] for s in part]).long().to(self.device)
-                p = torch.cat([s.topk_p[slice(*_span(s))] for s in part]).float()
-                loss = soft_ce(self.head(h), ids, (p / p.sum(-1, keepdim=True).clamp_min(1e-8)).to(self.device))
+                ids, p = (torch.cat(t).to(self.device) for t in zip(*map(_labels, part)))
+                loss = soft_ce(self.head(h), ids, p)
                 (loss * len(h) / n).backward()
                 total += float(loss.detach()) * len(h)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
