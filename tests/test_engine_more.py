@@ -157,17 +157,63 @@ def test_confidence_gating_stays_lossless_and_drafts_less(tiny, gate):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="int8 (fbgemm's dynamic quantization) runs on the CPU only")
-def test_int8_drafter_is_lossless(tiny):
-    from vocabbridge.engine import load_causal_lm
+@pytest.mark.parametrize("dtype", ["int8", "int8-dynamic", "q4"])
+def test_each_cpu_drafter_dtype_is_lossless(tiny, dtype):
+    """int8: row-int8 linears on the lean forward; int8-dynamic: quantize_dynamic's, one activation
+    scale a forward; q4: our 4-bit kernels. Whatever the drafter computes, the output is plain greedy.
+    The drafter is the target's own weights in that dtype, so that it drafts tokens the target
+    accepts (and some it rejects)."""
+    from vocabbridge.engine import q4
+    from vocabbridge.engine.factory import load_drafter_lm
+    from vocabbridge.engine.invariant import RowInt8Linear
+    from vocabbridge.engine.lean import LeanSession
 
+    if dtype == "q4" and not q4.available():
+        pytest.skip(f"vocabbridge._q4 not built ({q4.BUILD_ERROR})")
     t = tiny["target"]
-    d8 = load_causal_lm(tiny["draft"].source, dtype="int8")
-    assert "Quantized" in type(d8.model.lm_head).__name__ or "quantized" in type(d8.model.lm_head).__module__
+    d = load_drafter_lm(t.source, dtype, device="cpu")
+    head = d.model.lm_head
+    if dtype == "int8":
+        assert isinstance(head, RowInt8Linear)
+        assert isinstance(d.session(), LeanSession) == q4.available()  # the lean forward needs the extension's routines
+    elif dtype == "int8-dynamic":
+        assert "quantized" in type(head).__module__
+    else:
+        assert hasattr(head, "packed") and isinstance(d.session(), LeanSession) and d.rows is None  # a drafter: no row limit
     prompt = t.view.encode(PROMPT)
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     want = SpecEngine(t).generate(prompt, params).tokens
-    got = SpecEngine(t, DraftModelDrafter(d8, target_vocab_size=t.vocab_size), num_speculative_tokens=3).generate(prompt, params)
+    got = SpecEngine(t, DraftModelDrafter(d, target_vocab_size=t.vocab_size), num_speculative_tokens=3).generate(prompt, params)
     assert got.tokens == want
+    assert got.stats.accepted > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="int8 (fbgemm) runs on the CPU only")
+def test_an_int8_drafter_scales_each_row_on_its_own(tiny):
+    """A row-int8 drafter's logits for a row do not depend on the rows fed beside it (its prompt
+    prefill and catch-up feeds keep one-row precision), on the lean forward as on transformers';
+    quantize_dynamic's one scale a forward does not have that."""
+    from vocabbridge.engine import load_causal_lm, q4
+
+    src = tiny["draft"].source
+    ids = tiny["target"].view.encode(PROMPT)[:12]
+
+    def batched_and_one_by_one(lm):
+        batched = lm.session().extend(ids, keep=len(ids))
+        s = lm.session()
+        return batched, torch.cat([s.extend([i]) for i in ids])
+
+    row = load_causal_lm(src, dtype="int8")
+    b, o = batched_and_one_by_one(row)
+    assert float((b - o).abs().max()) < 1e-4
+    if q4.available():
+        assert row.lean is not None
+        row.lean = None  # the same row-int8 linears through transformers' modules
+        b2, o2 = batched_and_one_by_one(row)
+        assert float((b2 - o2).abs().max()) < 1e-4 and float((b2 - b).abs().max()) < 1e-4
+    dyn = load_causal_lm(src, dtype="int8-dynamic")
+    b, o = batched_and_one_by_one(dyn)
+    assert float((b - o).abs().max()) > 1e-3  # one activation scale for all the rows
 
 
 def test_ngram_first_drafter_is_lossless_and_uses_both(tiny):
@@ -200,9 +246,11 @@ def test_tli_drafter_is_vllms_heterogeneous_path_and_stays_lossless(tiny, tmp_pa
 
 
 def test_an_int8_drafter_on_a_gpu_is_refused_with_the_fix():
-    """Dynamic int8 quantization is fbgemm's, CPU only: --drafter-dtype int8 on CUDA says so and what to use."""
+    """int8 is fbgemm's and q4 our CPU kernels: --drafter-dtype int8 / q4 on CUDA says so and what to use."""
     from vocabbridge.engine.model import drafter_dtype_for
 
     with pytest.raises(ConfigError, match="CPU only.*--drafter-dtype auto"):
         drafter_dtype_for("int8", "cuda:0", "bfloat16")
+    with pytest.raises(ConfigError, match="q4 kernels run on the CPU only.*--drafter-dtype auto"):
+        drafter_dtype_for("q4", "cuda", "bfloat16")
     assert drafter_dtype_for("auto", "cuda", "bfloat16") == "bfloat16"

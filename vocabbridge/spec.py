@@ -259,7 +259,9 @@ class EngineSpec:
     drafter_dtype: str = _opt(
         "auto",
         "--drafter-dtype",
-        "Drafter dtype: auto (int8 weights on CPU, else the target's), int8, float32, bfloat16.",
+        "Drafter dtype: auto (int8 weights on CPU, else the target's), int8 (each row's activations scaled on their "
+        "own), int8-dynamic (one scale per forward), q4 (our 4-bit CPU kernels: faster steps, weaker drafts on a small "
+        "drafter), float32, bfloat16.",
         vllm=BY_PROPOSERS,
     )
     device: str = _opt("auto", "--device", "Where the models run: auto (CUDA when present, else the CPU), cpu, cuda, cuda:1 …")

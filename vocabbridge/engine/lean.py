@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .invariant import FusedPart
+from .invariant import FusedPart, RowInt8Linear
 from .model import CausalLM, KVSession
 
 FAMILIES = ("llama", "qwen2")  # model_type values whose decoder layer this module reproduces
@@ -93,8 +93,8 @@ def why_not(model: torch.nn.Module) -> str:
     base = getattr(model, "model", None)
     if base is None or not all(hasattr(base, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return "no embed_tokens / layers / norm / rotary_emb in model.model"
-    if not _on_q4(getattr(model, "lm_head", None)):
-        return "the lm_head is not on the q4 kernel"
+    if not _on_lean(getattr(model, "lm_head", None)):
+        return "the lm_head is not on the q4 kernel or a row-int8 linear"
     for i, layer in enumerate(base.layers):
         at, mlp = layer.self_attn, layer.mlp
         q, k, v = (getattr(at, n, None) for n in ("q_proj", "k_proj", "v_proj"))
@@ -109,8 +109,8 @@ def why_not(model: torch.nn.Module) -> str:
             return f"layer {i}: q/k/v or gate/up not fused into one q4 matmul"
         if (q.start, k.start, v.start, g.start) != (0, q.stop, k.stop, 0) or u.start != g.stop:
             return f"layer {i}: fused parts out of order"
-        if not (_on_q4(at.o_proj) and _on_q4(mlp.down_proj)):
-            return f"layer {i}: o_proj / down_proj not on the q4 kernel"
+        if not (_on_lean(at.o_proj) and _on_lean(mlp.down_proj)):
+            return f"layer {i}: o_proj / down_proj not on the q4 kernel or row-int8 linears"
         if not all(
             hasattr(n, "weight") and hasattr(n, "variance_epsilon")
             for n in (layer.input_layernorm, layer.post_attention_layernorm)
@@ -122,6 +122,12 @@ def why_not(model: torch.nn.Module) -> str:
 def _on_q4(lin) -> bool:
     """Whether ``lin`` is a q4.Q4Linear: its weights packed for the kernel (:class:`.q4.Q4Matrix`)."""
     return isinstance(lin, torch.nn.Module) and hasattr(lin, "packed") and hasattr(lin.packed, "in_features")
+
+
+def _on_lean(lin) -> bool:
+    """Whether the lean forward runs ``lin``: a q4.Q4Linear (on the extension) or a
+    :class:`.invariant.RowInt8Linear` (fbgemm's int8, each row scaled on its own: an int8 drafter's)."""
+    return _on_q4(lin) or isinstance(lin, RowInt8Linear)
 
 
 def lean_decoder(model: torch.nn.Module) -> LeanDecoder | None:
@@ -255,8 +261,11 @@ class LeanSession(KVSession):
 
 
 def _matmul(ext, lin, x: torch.Tensor) -> torch.Tensor:
-    """``lin(x)`` for a q4.Q4Linear and a contiguous fp32 [R, in], straight on the extension."""
+    """``lin(x)`` for a contiguous fp32 [R, in]: a q4.Q4Linear straight on the extension, a
+    :class:`.invariant.RowInt8Linear` as it is."""
     x = x.contiguous()
+    if not hasattr(lin, "packed"):
+        return lin(x)
     R = x.shape[0]
     y = torch.empty(R, lin.out_features)
     w = lin.packed

@@ -454,7 +454,15 @@ def make_q4(model: torch.nn.Module, *, source: str | None = None, cache: bool = 
     return counts
 
 
-def load_q4_lm(source: str, *, tokenizer=None, threads: int | None = None, rows: int | None = None, lean: bool | None = None):
+def load_q4_lm(
+    source: str,
+    *,
+    tokenizer=None,
+    threads: int | None = None,
+    rows: int | None = None,
+    lean: bool | None = None,
+    drafter: bool = False,
+):
     """The q4 target: a model file or folder loaded by :func:`.model.load_causal_lm` in fp32, its
     linears then on the q4 kernel and its attention invariant; verifications run at most ``rows``
     rows a forward (:data:`.invariant.INVARIANT_ROWS`), and a plain step is one row where the load
@@ -463,7 +471,10 @@ def load_q4_lm(source: str, *, tokenizer=None, threads: int | None = None, rows:
     ``lean``: sessions run :mod:`.lean`'s forward (the same arithmetic without transformers'
     modules, the KV cache written in place: one row 78 -> 51 ms on the 1.5B, 2 AVX2 cores) where the model is a
     plain Llama / Qwen2 decoder; False keeps the transformers forward. None: True unless
-    ``VOCABBRIDGE_Q4_LEAN=0``."""
+    ``VOCABBRIDGE_Q4_LEAN=0``.
+
+    ``drafter``: a drafter (``--drafter-dtype q4``), whose numerics never reach the output: no row
+    limit and no load probe, a forward runs as many rows as it is fed."""
     from .invariant import INVARIANT_ROWS
     from .lean import lean_decoder
     from .model import load_causal_lm
@@ -476,9 +487,10 @@ def load_q4_lm(source: str, *, tokenizer=None, threads: int | None = None, rows:
     if lean is None:
         lean = os.environ.get("VOCABBRIDGE_Q4_LEAN", "1") != "0"
     lm.lean = lean_decoder(lm.model) if lean else None
-    lm.rows = rows or INVARIANT_ROWS
     lm.torch_threads = 1  # the kernel's own threads do the work; see CausalLM.torch_threads
-    lm.min_rows = 1 if _lone_rows_probed(lm) else lm.rows
+    if not drafter:
+        lm.rows = rows or INVARIANT_ROWS
+        lm.min_rows = 1 if _lone_rows_probed(lm) else lm.rows
     lm.load_seconds = time.perf_counter() - t0
     return lm
 

@@ -116,17 +116,12 @@ class VocabbridgeProposer:
     def load_model(self, *args, **kwargs) -> None:
         """Called by vLLM once the target is loaded (required on the CPU runner): load our drafter."""
         from ..engine.drafters import NgramFirstDrafter
-        from ..engine.factory import drafter_dtype
-        from ..engine.model import load_causal_lm
+        from ..engine.factory import drafter_dtype, load_drafter_lm
         from ..tokenizer import load_tokenizer
 
         view = load_tokenizer(self.target_source) if self.uses_model else None  # the n-gram map reads ids only
         target = _TargetInfo(view, self.target_vocab, self.target_source)
-        lm = (
-            load_causal_lm(self.drafter_source, dtype=drafter_dtype(self.spec), device=self.spec.device)
-            if self.uses_model
-            else None
-        )
+        lm = load_drafter_lm(self.drafter_source, drafter_dtype(self.spec), device=self.spec.device) if self.uses_model else None
         drafter = DRAFTERS[self.method].engine_class().from_spec(self.spec, target, lm)
         if self.spec.ngram_first and self.uses_model:
             lookup_min = max(2, self.spec.prompt_lookup_min)
