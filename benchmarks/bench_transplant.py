@@ -57,7 +57,13 @@ def main() -> None:
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the same-family drafter")
     ap.add_argument("--small", default="smollm2-135m", help="the drafter with another vocabulary (before its transplant)")
     ap.add_argument("--transplanted", type=_pair, action="append", default=[], metavar="NAME=FOLDER")
-    ap.add_argument("--engines", default="int8,llama.cpp,vllm")
+    ap.add_argument("--engines", default="int8,llama.cpp,vllm", help="of int8, q4 (our q4 target), llama.cpp, vllm")
+    ap.add_argument(
+        "--drafter-dtypes",
+        default="auto",
+        help="the model drafters' --drafter-dtype on our torch and q4 targets, comma-separated to compare them "
+        "(int8,q4: each model drafter's name then ends in @int8 / @q4)",
+    )
     ap.add_argument("--categories", default="korean_chat,english_chat,code_review,code_generation")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("-k", type=int, default=4)
@@ -78,23 +84,29 @@ def main() -> None:
     s, d, tp = args.small, args.draft, args.transplanted
     engines = args.engines.split(",")
     plan = []
-    if "int8" in engines:
-        e = "emb-int8"
-        choices = [
-            DrafterChoice(f"{e}:none", "none"),
-            DrafterChoice(f"{e}:ngram", "ngram"),
-            DrafterChoice(f"{e}:{d}", d),
-            DrafterChoice(f"{e}:{s}:tli", s, "tli"),
-            DrafterChoice(f"{e}:{s}:bridged", s, "bridged"),
-            DrafterChoice(f"{e}:{s}:text", s, "text"),
-            DrafterChoice(f"{e}:{s}:ngram+text", s, "text", True),
-            *[DrafterChoice(f"{e}:transplant-{n}", p, "draft") for n, p in tp],
-        ]
-        if tp:
-            choices.append(DrafterChoice(f"{e}:ngram+transplant-{tp[-1][0]}", tp[-1][1], "draft", True))
-        plan.append(
-            (LaunchSettings(base.replace(dtype="int8", kernels="torch"), backend="embedded", launch="inprocess"), choices)
-        )
+    dtypes = args.drafter_dtypes.split(",")
+
+    def at(name: str, dd: str) -> str:  # a model drafter's name, its dtype marked where several are compared
+        return f"{name}@{dd}" if len(dtypes) > 1 else name
+
+    for torch_engine, kernels in (("int8", "torch"), ("q4", "q4")):
+        if torch_engine not in engines:
+            continue
+        e = f"emb-{torch_engine}"
+        for i, dd in enumerate(dtypes):
+            models = [
+                DrafterChoice(at(f"{e}:{d}", dd), d),
+                DrafterChoice(at(f"{e}:{s}:tli", dd), s, "tli"),
+                DrafterChoice(at(f"{e}:{s}:bridged", dd), s, "bridged"),
+                DrafterChoice(at(f"{e}:{s}:text", dd), s, "text"),
+                DrafterChoice(at(f"{e}:{s}:ngram+text", dd), s, "text", True),
+                *[DrafterChoice(at(f"{e}:transplant-{n}", dd), p, "draft") for n, p in tp],
+            ]
+            if tp:
+                models.append(DrafterChoice(at(f"{e}:ngram+transplant-{tp[-1][0]}", dd), tp[-1][1], "draft", True))
+            plain = [DrafterChoice(f"{e}:none", "none"), DrafterChoice(f"{e}:ngram", "ngram")] if i == 0 else []
+            spec = base.replace(dtype="int8" if kernels == "torch" else "auto", kernels=kernels, drafter_dtype=dd)
+            plan.append((LaunchSettings(spec, backend="embedded", launch="inprocess"), plain + models))
     if "llama.cpp" in engines:
         e = "emb-llama.cpp"
         with_gguf = [(n, p) for n, p in tp if any(Path(p).glob("*.gguf"))]
@@ -140,7 +152,8 @@ def main() -> None:
         prompts,
         dataclasses.replace(settings, baseline=baseline),
         notes=[
-            "engines: emb-int8 = our engine on the batch-invariant int8 target (torch), emb-llama.cpp = our engine on "
+            "engines: emb-int8 = our engine on the batch-invariant int8 target (torch), emb-q4 = on our q4 target, "
+            f"model drafters with --drafter-dtype {args.drafter_dtypes}; emb-llama.cpp = our engine on "
             "llama.cpp's kernels (the GGUF files as they are; a transplanted drafter as its GGUF), vllm = vLLM's CPU build "
             f"(dtype {args.vllm_dtype}; serve args {args.vllm_args!r}); transplant-NAME = a transplanted SmolLM2 folder in draft "
             "mode (vLLM: a plain draft_model, no use_heterogeneous_vocab)",
