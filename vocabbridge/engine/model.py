@@ -309,10 +309,11 @@ def int8_drafter_lean(model: torch.nn.Module):
     Why row-int8 (:class:`.invariant.RowInt8Linear`) and not ``quantize_dynamic``: dynamic
     quantization scales all of a forward's rows by one activation scale, so the drafter's prompt
     prefill and its catch-up feeds (the accepted tokens, then its next draft) lost precision to the
-    rows beside them. On the transplanted SmolLM2 (2 AVX2 cores, four 1,100-token texts, top-1
-    against the fp32 drafter) a 240-token prefill agreed 39 % with dynamic scales and 73 % with
-    row scales, the one-row steps after it 66 % and 75 %; a one-row step took 56 ms through
-    transformers with dynamic scales and 45 ms here (the q4 kernel's 4 bits: 14 ms, but 34 %)."""
+    rows beside them. On the transplanted SmolLM2 (2 AVX2 cores, four ~1,100-token texts, top-1
+    against the fp32 drafter; benchmarks/drafter_precision.py, results/2026-12-07-row-int8-drafter)
+    a 240-token prefill agreed 36 % with one scale and 69 % with row scales, the one-row steps after
+    it 57 % and 68 %, and a one-row step took 57 ms with one scale and 50 ms here (the q4 kernel's
+    4 bits: 27 ms, 66 % and 59 %)."""
     from . import q4
     from .lean import lean_decoder
 
