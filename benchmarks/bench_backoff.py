@@ -23,6 +23,7 @@ from bench_engine import prompts  # noqa: E402
 
 from vocabbridge.chat import chat_prompt_ids  # noqa: E402
 from vocabbridge.engine import BridgedDrafter, DraftModelDrafter, SamplingParams, SpecEngine, TextDrafter  # noqa: E402
+from vocabbridge.engine.factory import load_drafter_lm  # noqa: E402
 from vocabbridge.engine.model import load_causal_lm  # noqa: E402
 from vocabbridge.mapping import build_token_map  # noqa: E402
 from vocabbridge.presets import resolve_model  # noqa: E402
@@ -40,8 +41,8 @@ def main() -> int:
         print("run ../shared/tools/fetch-models.sh DIR and set VOCABBRIDGE_MODELS=DIR", file=sys.stderr)
         return 2
     target = load_causal_lm(src["qwen2.5-coder-1.5b"])
-    d05 = load_causal_lm(src["qwen2.5-coder-0.5b"], dtype="int8")
-    smol = load_causal_lm(src["smollm2-135m"], dtype="int8")
+    d05 = load_drafter_lm(src["qwen2.5-coder-0.5b"], "int8", device="cpu")
+    smol = load_drafter_lm(src["smollm2-135m"], "int8", device="cpu")
     V = target.vocab_size
     tm = build_token_map(smol.view, target.view, drafter_vocab_size=smol.vocab_size, target_vocab_size=V)
     drafters = {

@@ -53,6 +53,7 @@ from vocabbridge.engine import (  # noqa: E402
     load_causal_lm,
 )
 from vocabbridge.engine.drafters import NgramFirstDrafter  # noqa: E402
+from vocabbridge.engine.factory import load_drafter_lm  # noqa: E402
 from vocabbridge.mapping import build_token_map  # noqa: E402
 from vocabbridge.presets import resolve_model  # noqa: E402
 
@@ -233,8 +234,8 @@ def main() -> int:
             return 2
     t = time.perf_counter()
     target = load_causal_lm(srcs["qwen2.5-coder-1.5b"], dtype=args.dtype)
-    d05 = load_causal_lm(srcs["qwen2.5-coder-0.5b"], dtype=args.drafter_dtype)
-    smol = load_causal_lm(srcs["smollm2-135m"], dtype=args.drafter_dtype)
+    d05 = load_drafter_lm(srcs["qwen2.5-coder-0.5b"], args.drafter_dtype, device="cpu")
+    smol = load_drafter_lm(srcs["smollm2-135m"], args.drafter_dtype, device="cpu")
     print(f"models loaded in {time.perf_counter() - t:.1f} s (dtype {target.dtype}, {args.threads} threads)", flush=True)
     V = target.vocab_size
     ps = prompts()

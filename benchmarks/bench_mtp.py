@@ -30,6 +30,7 @@ import torch
 from vocabbridge.chat import chat_prompt_ids
 from vocabbridge.engine import DraftModelDrafter, SamplingParams, SpecEngine
 from vocabbridge.engine.drafters.mtp import MTPDrafter
+from vocabbridge.engine.factory import load_drafter_lm
 from vocabbridge.engine.invariant import INVARIANT_ROWS
 from vocabbridge.engine.model import load_causal_lm
 from vocabbridge.engine.stats import SpecStats
@@ -114,7 +115,7 @@ def main() -> int:
     mtp = MTPDrafter.from_spec(
         EngineSpec(target=args.target, drafter=f"mtp:{head_dir}", drafter_dtype=args.head_dtype), target, None
     )
-    small = load_causal_lm(resolve_model(args.drafter), dtype="int8")
+    small = load_drafter_lm(resolve_model(args.drafter), "int8", device="cpu")
     engines = {
         "plain": SpecEngine(target),
         "mtp": SpecEngine(target, mtp, num_speculative_tokens=args.k),

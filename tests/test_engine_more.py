@@ -193,7 +193,8 @@ def test_an_int8_drafter_scales_each_row_on_its_own(tiny):
     """A row-int8 drafter's logits for a row do not depend on the rows fed beside it (its prompt
     prefill and catch-up feeds keep one-row precision), on the lean forward as on transformers';
     quantize_dynamic's one scale a forward does not have that."""
-    from vocabbridge.engine import load_causal_lm, q4
+    from vocabbridge.engine import q4
+    from vocabbridge.engine.factory import load_drafter_lm
 
     src = tiny["draft"].source
     ids = tiny["target"].view.encode(PROMPT)[:12]
@@ -203,7 +204,7 @@ def test_an_int8_drafter_scales_each_row_on_its_own(tiny):
         s = lm.session()
         return batched, torch.cat([s.extend([i]) for i in ids])
 
-    row = load_causal_lm(src, dtype="int8")
+    row = load_drafter_lm(src, "int8", device="cpu")
     b, o = batched_and_one_by_one(row)
     assert float((b - o).abs().max()) < 1e-4
     if q4.available():
@@ -211,7 +212,7 @@ def test_an_int8_drafter_scales_each_row_on_its_own(tiny):
         row.lean = None  # the same row-int8 linears through transformers' modules
         b2, o2 = batched_and_one_by_one(row)
         assert float((b2 - o2).abs().max()) < 1e-4 and float((b2 - b).abs().max()) < 1e-4
-    dyn = load_causal_lm(src, dtype="int8-dynamic")
+    dyn = load_drafter_lm(src, "int8-dynamic", device="cpu")
     b, o = batched_and_one_by_one(dyn)
     assert float((b - o).abs().max()) > 1e-3  # one activation scale for all the rows
 

@@ -103,7 +103,12 @@ def load_drafter_lm(source: str, dtype: str, *, device: str, tokenizer=None) -> 
         from .q4 import load_q4_lm
 
         return load_q4_lm(source, tokenizer=tokenizer, drafter=True)
-    return load_causal_lm(source, tokenizer=tokenizer, dtype=dtype, device=device)
+    lm = load_causal_lm(source, tokenizer=tokenizer, dtype=dtype, device=device)
+    if dtype == "int8":
+        from .q4 import int8_drafter_lean
+
+        lm.lean = int8_drafter_lean(lm.model)
+    return lm
 
 
 def drafter_dtype(spec: EngineSpec) -> str:
@@ -198,7 +203,10 @@ def build_engine(spec: EngineSpec, *, loaded: dict[str, CausalLM] | None = None)
         if path.device != "cpu":  # a GPU: the static cache and CUDA graphs, the target batch-invariant (static.py)
             key += f"/static={static_rows}" + ("/invariant" if target else "")
         if key not in loaded:
-            lm = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device, rows=rows)
+            if target:
+                lm = load_causal_lm(src, tokenizer=views.get(src), dtype=dtype, device=spec.device, rows=rows)
+            else:
+                lm = load_drafter_lm(src, dtype, device=spec.device, tokenizer=views.get(src))
             loaded[key] = static_lm(lm, rows=static_rows, invariant=target) if path.device != "cpu" else lm
         return loaded[key]
 

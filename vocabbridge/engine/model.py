@@ -279,7 +279,7 @@ def load_causal_lm(
             raise ModelLoadError("dtype int8 (dynamic quantization) runs on the CPU only; use bfloat16 on CUDA.")
         if rows is not None:  # a target: batch-invariant int8 linears and attention, forwards padded to `rows`
             make_invariant(model)
-        elif dtype == "int8":  # a drafter: each row's activations scaled on their own (see int8_drafter)
+        elif dtype == "int8":  # a drafter: each row's activations scaled on their own (see q4.int8_drafter_lean)
             quantize_rows(model)
         else:  # int8-dynamic: one activation scale for all a forward's rows (the drafters' int8 before)
             model = quantize_int8(model)
@@ -295,32 +295,7 @@ def load_causal_lm(
     lm = CausalLM(model, view, source, device, dt, vocab, max_ctx, time.perf_counter() - t0, rows=rows)
     if rows is not None and dtype in QUANTIZED:
         lm.min_rows = 1 if _lone_rows_probed(lm) else rows
-    elif dtype == "int8":
-        lm.lean = int8_drafter_lean(model)
     return lm
-
-
-def int8_drafter_lean(model: torch.nn.Module):
-    """An int8 drafter's forward: :mod:`.lean`'s (no transformers modules, the KV cache written in
-    place, RMSNorm, RoPE and attention on the q4 extension's routines) over its row-int8 linears,
-    where the model is a plain Llama / Qwen2 decoder and the extension is built; else None (the
-    transformers forward over the same linears).
-
-    Why row-int8 (:class:`.invariant.RowInt8Linear`) and not ``quantize_dynamic``: dynamic
-    quantization scales all of a forward's rows by one activation scale, so the drafter's prompt
-    prefill and its catch-up feeds (the accepted tokens, then its next draft) lost precision to the
-    rows beside them. On the transplanted SmolLM2 (2 AVX2 cores, four ~1,100-token texts, top-1
-    against the fp32 drafter; benchmarks/drafter_precision.py, results/2026-12-07-row-int8-drafter)
-    a 240-token prefill agreed 36 % with one scale and 69 % with row scales, the one-row steps after
-    it 57 % and 68 %, and a one-row step took 57 ms with one scale and 50 ms here (the q4 kernel's
-    4 bits: 27 ms, 66 % and 59 %)."""
-    from . import q4
-    from .lean import lean_decoder
-
-    if not q4.available():
-        return None
-    q4.set_threads()
-    return lean_decoder(model)
 
 
 def _lone_rows_probed(lm: CausalLM) -> bool:

@@ -454,6 +454,28 @@ def make_q4(model: torch.nn.Module, *, source: str | None = None, cache: bool = 
     return counts
 
 
+def int8_drafter_lean(model: torch.nn.Module):
+    """An int8 drafter's forward: :mod:`.lean`'s (no transformers modules, the KV cache written in
+    place, RMSNorm, RoPE and attention on the q4 extension's routines) over its row-int8 linears,
+    where the model is a plain Llama / Qwen2 decoder and the extension is built; else None (the
+    transformers forward over the same linears).
+
+    Why row-int8 (:class:`.invariant.RowInt8Linear`) and not ``quantize_dynamic``: dynamic
+    quantization scales all of a forward's rows by one activation scale, so the drafter's prompt
+    prefill and its catch-up feeds (the accepted tokens, then its next draft) lost precision to the
+    rows beside them. On the transplanted SmolLM2 (2 AVX2 cores, four ~1,100-token texts, top-1
+    against the fp32 drafter; benchmarks/drafter_precision.py, results/2026-12-07-row-int8-drafter)
+    a 240-token prefill agreed 36 % with one scale and 69 % with row scales, the one-row steps after
+    it 57 % and 68 %, and a one-row step took 57 ms with one scale and 50 ms here (the q4 kernel's
+    4 bits: 27 ms, 66 % and 59 %)."""
+    from .lean import lean_decoder
+
+    if not available():
+        return None
+    set_threads()
+    return lean_decoder(model)
+
+
 def load_q4_lm(
     source: str,
     *,
