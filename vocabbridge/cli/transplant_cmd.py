@@ -70,6 +70,15 @@ class _NewFolder(click.Path):
     help="Share of the healing steps that train the whole model after the new rows.",
 )
 @click.option(
+    "--heal-data-share",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.5,
+    show_default=True,
+    help="Share of --heal-minutes for the target to write data (when none is on disk yet); the rest trains. On a "
+    "CPU the rows stage peaked after about one epoch of 30 K positions (results/2026-12-04-transplant-heal): more data "
+    "helps a short heal more than more steps.",
+)
+@click.option(
     "--heal-prompts", type=click.Path(exists=True, dir_okay=False), help="JSONL training prompts (default: the built-in set)."
 )
 @click.option(
@@ -93,6 +102,7 @@ def transplant_cmd(
     gguf_type,
     heal_minutes,
     heal_whole,
+    heal_data_share,
     heal_prompts,
     heal_data,
     heal_only,
@@ -135,7 +145,7 @@ def transplant_cmd(
     if heal_minutes > 0:
         from ..transplant.heal import HealRecipe, heal
 
-        recipe = HealRecipe(budget_minutes=heal_minutes, whole_share=heal_whole, prompts=heal_prompts)
+        recipe = HealRecipe(budget_minutes=heal_minutes, data_share=heal_data_share, whole_share=heal_whole, prompts=heal_prompts)
         healed = heal(
             output,
             target,
