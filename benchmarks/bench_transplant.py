@@ -13,10 +13,11 @@ Configurations (k = 4 and a fixed draft length everywhere, --min-confidence for 
   ngram first + the last one given);
 - emb-llama.cpp (our engine on llama.cpp's kernels, the GGUF files as they are): none, ngram, the
   0.5B, SmolLM2 ngram+text, each transplanted drafter's GGUF;
-- vllm (CPU build): none, SmolLM2 through vLLM's heterogeneous path (tli: with our map, which
-  `serve --backend vllm` builds and hands to our plugin by default; vLLM's own string-match map is
-  what `vllm serve` alone runs, 4.1 % accepted in benchmarks/results/2026-11-30-vllm-vs-embedded),
-  each transplanted drafter as a plain draft_model.
+- vllm (CPU build): none, vLLM's ngram, SmolLM2 through vLLM's heterogeneous path (tli: with our
+  map, which `serve --backend vllm` builds and hands to our plugin by default; vLLM's own
+  string-match map is what `vllm serve` alone runs, 4.1 % accepted in
+  benchmarks/results/2026-11-30-vllm-vs-embedded), each transplanted drafter as a plain
+  draft_model, and n-gram first + each transplanted drafter as our DraftProposer in vLLM's worker.
 
 Every answer is compared with its engine's own plain answers. tok/s are noisy on a shared 2-core
 machine: compare ratios within one run, and repeat.
@@ -123,17 +124,29 @@ def main() -> None:
     if "vllm" in engines:
         vl = "vllm"
         extra = ("--", *shlex.split(args.vllm_args)) if args.vllm_args else ()
-        vspec = base.replace(dtype=args.vllm_dtype)
         keep = set(args.vllm_transplanted.split(",")) if args.vllm_transplanted else {n for n, _ in tp}
-        v = LaunchSettings(vspec, backend="vllm", launch="subprocess", startup_timeout=1800, serve_args=extra)
+
+        def vllm_settings(min_confidence: float) -> LaunchSettings:
+            spec = base.replace(dtype=args.vllm_dtype, min_confidence=min_confidence)
+            return LaunchSettings(spec, backend="vllm", launch="subprocess", startup_timeout=1800, serve_args=extra)
+
+        # vLLM's own methods with no confidence gate (a gate makes a same-vocabulary drafter our proposer)
         plan.append(
             (
-                v,
+                vllm_settings(0.0),
                 [
                     DrafterChoice(f"{vl}:none", "none"),
+                    DrafterChoice(f"{vl}:ngram", "ngram"),
                     DrafterChoice(f"{vl}:{s}:tli", s, "tli"),
                     *[DrafterChoice(f"{vl}:transplant-{n}", p, "draft") for n, p in tp if n in keep],
                 ],
+            )
+        )
+        # our DraftProposer in vLLM's worker: n-gram first, the gate, the row-int8 drafter
+        plan.append(
+            (
+                vllm_settings(args.min_confidence),
+                [DrafterChoice(f"{vl}:ngram+transplant-{n}", p, "draft", True) for n, p in tp if n in keep],
             )
         )
     configs = []

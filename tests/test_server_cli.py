@@ -204,6 +204,26 @@ def test_vllm_vocabularies_of_local_models_are_compared_token_by_token(tiny):
     assert json.loads(ours.files[0][1])["spec"]["min_confidence"] == 0.3  # the proposer reads the engine's options
 
 
+def test_a_same_vocabulary_drafter_with_our_policies_runs_as_our_draft_proposer_in_vllm(tiny):
+    """vLLM's draft_model drafts k tokens every step with no prompt lookup: with --ngram-first or
+    --min-confidence the drafter runs as our DraftProposer, which honours both (and says so)."""
+    t, draft = tiny["target"].source, tiny["draft"].source
+    for kw in ({"ngram_first": True}, {"min_confidence": 0.3}):
+        ours = vllm_command(_spec(target=t, drafter=draft, **kw))
+        assert ours.speculative_config == {
+            "method": "custom_class",
+            "model": "vocabbridge.vllm.proposers.DraftProposer",
+            "num_speculative_tokens": 4,
+        }
+        doc = json.loads(ours.files[0][1])
+        assert doc["drafter"] == draft and doc["spec"]["ngram_first"] == kw.get("ngram_first", False)
+        assert any("draft proposer" in n for n in ours.notes)
+        assert not any("embedded engine only" in n for n in ours.notes)  # ours honours them
+    plain = vllm_command(_spec(target=t, drafter=draft, backoff=False))
+    assert plain.speculative_config["method"] == "draft_model" and not plain.files
+    assert any("--backoff" in n and "embedded engine only" in n for n in plain.notes)
+
+
 def test_vllm_api_key_goes_through_the_environment():
     cmd = vllm_command(_spec(target="qwen2.5-coder-1.5b"), api_key="s3cret")
     assert "s3cret" not in cmd.argv and cmd.env == {"VLLM_API_KEY": "s3cret"}

@@ -12,7 +12,7 @@ import pytest
 from vocabbridge.engine import SamplingParams, SpecEngine
 from vocabbridge.spec import EngineSpec
 from vocabbridge.vllm import proposers
-from vocabbridge.vllm.proposers import BridgedProposer, NgramMapProposer, TextProposer, proposer_config
+from vocabbridge.vllm.proposers import BridgedProposer, DraftProposer, NgramMapProposer, TextProposer, proposer_config
 
 MAX_LEN = 512
 
@@ -29,7 +29,7 @@ class FakeModelRunner:
 def _proposer(cls, tiny, tmp_path, monkeypatch, **spec_kw):
     t = tiny["target"]
     model = cls is not NgramMapProposer
-    drafter = tiny["spm"].source if model else "ngram-map"
+    drafter = (tiny["draft"] if cls is DraftProposer else tiny["spm"]).source if model else "ngram-map"
     spec = EngineSpec(target=t.source, drafter=drafter, drafter_dtype="float32", **spec_kw)
     path, text = proposer_config(spec, drafter if model else None)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,12 @@ def _drive(runner, tiny, prompts: dict[str, list[int]], n_new: int):
 
 @pytest.mark.parametrize(
     "cls, spec_kw",
-    [(TextProposer, {}), (BridgedProposer, {}), (NgramMapProposer, {"ngram_map_n": 2, "ngram_map_value": 3})],
+    [
+        (TextProposer, {}),
+        (BridgedProposer, {}),
+        (DraftProposer, {"ngram_first": True, "min_confidence": 0.05}),
+        (NgramMapProposer, {"ngram_map_n": 2, "ngram_map_value": 3}),
+    ],
 )
 def test_proposers_driven_like_vllm_give_the_targets_greedy_output(cls, spec_kw, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("VOCABBRIDGE_CACHE", str(tmp_path))

@@ -378,13 +378,23 @@ def transplanted(tmp_path_factory):
     return folder
 
 
-def test_a_transplanted_drafter_serves_as_a_plain_draft_model(plain, transplanted):
-    with vllm_serve("--drafter", str(transplanted)) as (url, lines):
+@pytest.mark.parametrize(
+    "extra, method",
+    [((), "draft_model"), (("--ngram-first", "--min-confidence", "0.3"), "vocabbridge.vllm.proposers.DraftProposer")],
+    ids=["vLLM's draft_model", "our draft proposer, n-gram first"],
+)
+def test_a_transplanted_drafter_serves_as_a_plain_draft_model(plain, transplanted, extra, method):
+    """As vLLM's own draft_model (no heterogeneous vocabulary), and, given options only ours honours,
+    as our DraftProposer: greedy output equal to no speculation either way."""
+    with vllm_serve("--drafter", str(transplanted), *extra) as (url, lines):
         assert greedy(url) == plain
         c = spec_counters(url)
     cmd = next(line for line in lines if "--speculative-config" in line)
     cfg = json.loads(cmd.split("--speculative-config", 1)[1].split()[0].strip("'"))
-    assert cfg["method"] == "draft_model" and cfg["model"] == str(transplanted) and "use_heterogeneous_vocab" not in cfg
+    assert cfg.get("model") == (str(transplanted) if method == "draft_model" else method), cfg
+    assert (
+        cfg["method"] == ("draft_model" if method == "draft_model" else "custom_class") and "use_heterogeneous_vocab" not in cfg
+    )
     assert c["num_drafts"] and c["num_draft_tokens"] and c["num_accepted_tokens"] > 0, c
 
 

@@ -59,7 +59,7 @@ def _opt(default: Any, flag: str, help: str, **kw) -> Any:
 
 MAP_MODES = ("bytes", "vllm")
 DEAR_ROWS = 1.8  # k + 1 rows costing more than this many times one row make the cost-aware length the default
-BY_PROPOSERS = "honoured by vocabbridge's proposers in vLLM (bridged, text)"
+BY_PROPOSERS = "honoured by vocabbridge's proposers in vLLM (bridged, text; draft with --ngram-first or --min-confidence)"
 BY_NGRAM_MAP = "honoured by vocabbridge's ngram-map proposer in vLLM"
 
 

@@ -53,7 +53,7 @@ from ..presets import PRESETS, resolve_model
 from ..spec import EngineSpec, served_name
 from ..tokenizer import load_tokenizer
 from ..util import atomic_write_text, process_table, sigterm_interrupts
-from .config import HEAD_LAYOUTS, PROPOSER_METHODS, engine_only_notes, spec_method, speculative_config, vocabularies_match
+from .config import HEAD_LAYOUTS, engine_only_notes, our_proposer, spec_method, speculative_config, vocabularies_match
 from .install import inspect_vllm, launcher_argv
 from .plugin import MAP_ENV
 from .proposers import CONFIG_ENV, proposer_config
@@ -177,8 +177,8 @@ def vllm_command(
         else:
             argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": 1}, separators=(",", ":"))]
     argv += list(extra_args)
-    ours = spec_method(cfg)
-    notes += engine_only_notes(spec, ours)
+    ours, proposer = spec_method(cfg), our_proposer(cfg)
+    notes += engine_only_notes(spec, ours, proposer=proposer is not None)
     env = {"VLLM_API_KEY": api_key} if api_key else {}
     if cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
         env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
@@ -189,7 +189,7 @@ def vllm_command(
         )
     files: tuple[tuple[str, str], ...] = ()
     map_check = None
-    if ours in PROPOSER_METHODS.values():
+    if proposer is not None:
         path, text = proposer_config(spec, resolve_model(spec.drafter) if spec.uses_model else None)
         files = ((str(path), text),)
         env[CONFIG_ENV] = str(path)

@@ -9,7 +9,9 @@ names as in vLLM's ``SpeculativeConfig``:
   ``"use_heterogeneous_vocab": true, "draft_sample_method": "greedy"``, vLLM's token-level path,
   with *our* token map in place of its string match (the vocabbridge plugin; measured fastest in
   vLLM: 5.32 tok/s against 4.05 for our text proposer and 4.67 with no speculation);
-- ``--mode text`` / ``bridged`` and ``--drafter ngram-map``: our drafters as ``custom_class`` proposers;
+- ``--mode text`` / ``bridged``, ``--drafter ngram-map``, and a model with the target's vocabulary
+  given ``--ngram-first`` or ``--min-confidence`` (which vLLM's ``draft_model`` lacks): our drafters
+  as ``custom_class`` proposers;
 - ``ngram``, ``suffix``, ``mtp[:HEAD]``: vLLM's own methods; ``none``: no ``--speculative-config``.
 
 >>> from vocabbridge.spec import EngineSpec
@@ -34,7 +36,12 @@ from ..spec import BY_NGRAM_MAP, BY_PROPOSERS, DRAFTERS, DrafterMethod, EngineSp
 from ..tokenizer import load_tokenizer, same_vocabulary
 
 PROPOSERS = "vocabbridge.vllm.proposers"
-PROPOSER_METHODS = {"TextProposer": "text", "BridgedProposer": "bridged", "NgramMapProposer": "ngram-map"}  # class → method
+PROPOSER_METHODS = {  # class → method
+    "TextProposer": "text",
+    "BridgedProposer": "bridged",
+    "DraftProposer": "draft",
+    "NgramMapProposer": "ngram-map",
+}
 
 ModelFor = Callable[[str], str]
 
@@ -124,6 +131,19 @@ def _self(spec, model_for, notes):
 
 
 def _draft(spec, model_for, notes):
+    """vLLM's own ``draft_model``, or our DraftProposer where an option only ours honours is set
+    (prompt lookup first, the confidence gate): vLLM's drafts k tokens every step."""
+    if spec.ngram_first or spec.min_confidence > 0:
+        asked = [f for f, on in (("--ngram-first", spec.ngram_first), ("--min-confidence", spec.min_confidence > 0)) if on]
+        notes.append(
+            f"{' and '.join(asked)}: vocabbridge's draft proposer runs the drafter, not vLLM's draft_model (which drafts "
+            "k tokens every step, with no prompt lookup)"
+        )
+        return _proposer("DraftProposer")(spec, model_for, notes)
+    return _plain_draft(spec, model_for)
+
+
+def _plain_draft(spec, model_for):
     return {"method": "draft_model", "model": model_for(spec.drafter), "num_speculative_tokens": spec.num_speculative_tokens}
 
 
@@ -132,7 +152,7 @@ def _tli(spec, model_for, notes):
     its VocabMapping built by our plugin from our token map (--map, else ours built and cached at start)."""
     source = spec.map_path or f"our {spec.map_mode} map, built and cached before vLLM starts"
     notes.append(f"vLLM's VocabMapping comes from {source} (the vocabbridge plugin), not from vLLM's string match")
-    return _draft(spec, model_for, notes) | {"use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}
+    return _plain_draft(spec, model_for) | {"use_heterogeneous_vocab": True, "draft_sample_method": "greedy"}
 
 
 def _proposer(name: str):
@@ -201,17 +221,31 @@ def spec_method(cfg: dict | None) -> str:
     """
     if cfg is None:
         return "none"
-    if cfg["method"] == "custom_class" and cfg["model"].startswith(PROPOSERS):
-        return PROPOSER_METHODS[cfg["model"].rsplit(".", 1)[-1]]
+    if (ours := our_proposer(cfg)) is not None:
+        return ours
     if cfg["method"] == "draft_model":
         return "tli" if cfg.get("use_heterogeneous_vocab") else "draft"
     return cfg["method"]
 
 
-def engine_only_notes(spec: EngineSpec, method: str | None = None) -> list[str]:
+def our_proposer(cfg: dict | None) -> str | None:
+    """The method of the vocabbridge proposer a ``--speculative-config`` runs, None for vLLM's own.
+
+    >>> our_proposer({"method": "custom_class", "model": "vocabbridge.vllm.proposers.DraftProposer"})
+    'draft'
+    >>> our_proposer({"method": "draft_model", "model": "drafters/smollm2-qwen"}) is None
+    True
+    """
+    if cfg is not None and cfg["method"] == "custom_class" and cfg["model"].startswith(PROPOSERS):
+        return PROPOSER_METHODS[cfg["model"].rsplit(".", 1)[-1]]
+    return None
+
+
+def engine_only_notes(spec: EngineSpec, method: str | None = None, *, proposer: bool | None = None) -> list[str]:
     """What vLLM ignores in ``spec``: the fields set away from their default that have no vLLM
-    meaning, or that only vocabbridge's own proposers honour when ``method`` is not one of them."""
-    ours = method in ("bridged", "text")
+    meaning, or that only vocabbridge's own model proposers honour when ``method`` does not run on
+    one (``proposer``: whether it does; None: for the text and bridged methods, which always do)."""
+    ours = method in ("bridged", "text") if proposer is None else proposer and method != "ngram-map"
     flags = [
         o.flag
         for name, o, default in options()

@@ -1,7 +1,8 @@
 """vocabbridge's drafters inside vLLM, as ``custom_class`` proposers.
 
 ``vocabbridge serve --backend vllm --drafter MODEL --mode text`` (or ``bridged``, or ``--drafter
-ngram-map``) starts vLLM with ``--speculative-config '{"method": "custom_class", "model":
+ngram-map``, or a drafter with the target's vocabulary and ``--ngram-first`` / ``--min-confidence``)
+starts vLLM with ``--speculative-config '{"method": "custom_class", "model":
 "vocabbridge.vllm.proposers.TextProposer", "num_speculative_tokens": k}'`` and
 ``VOCABBRIDGE_VLLM_DRAFTER`` naming a small JSON file that says which drafter model, map and options
 to use (:func:`proposer_config`). vLLM imports the class in its
@@ -93,7 +94,7 @@ def _find_runner():
 
 class VocabbridgeProposer:
     """The base of our proposers; subclasses name the registered drafting method (``method``): a
-    model drafter's mode (text, bridged) or a method without a model (ngram-map)."""
+    model drafter's mode (text, bridged, draft) or a method without a model (ngram-map)."""
 
     method = ""
 
@@ -182,6 +183,17 @@ class BridgedProposer(VocabbridgeProposer):
     """The bridged drafter: the context through the token map and its input bridge, proposals mapped back."""
 
     method = "bridged"
+
+
+class DraftProposer(VocabbridgeProposer):
+    """A drafter with the target's vocabulary (a transplanted folder, a smaller model of the target's
+    family) with our policies, which vLLM's own ``draft_model`` lacks: prompt lookup first
+    (``--ngram-first``), the confidence gate (``--min-confidence``: vLLM's drafts k tokens every step),
+    back-off, and our CPU drafter (row-int8 on the lean forward). No map and no re-tokenization: the
+    drafter reads and writes the target's ids. :func:`.config.speculative_config` picks it for such a
+    drafter when one of those options is set, and vLLM's ``draft_model`` otherwise."""
+
+    method = "draft"
 
 
 class NgramMapProposer(VocabbridgeProposer):
