@@ -21,6 +21,20 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+def _count_connections(monkeypatch, port: int | None = None) -> list:
+    """The addresses every later socket.create_connection reaches (to ``port`` only, where given)."""
+    attempts = []
+    connect = socket.create_connection
+
+    def counted(address, *args, **kwargs):
+        if port is None or tuple(address)[1] == port:
+            attempts.append(address)
+        return connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", counted)
+    return attempts
+
+
 @pytest.fixture
 def hub_down(monkeypatch):
     """Online mode, with the hub at a loopback port nobody listens on (the test never leaves the
@@ -29,16 +43,7 @@ def hub_down(monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     port = _closed_port()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    attempts = []
-    connect = socket.create_connection
-
-    def counted(address, *args, **kwargs):
-        if tuple(address)[1] == port:
-            attempts.append(address)
-        return connect(address, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "create_connection", counted)
-    return attempts
+    return _count_connections(monkeypatch, port)
 
 
 def run(*args: str):
@@ -104,11 +109,7 @@ def test_a_hub_id_the_hub_cannot_serve_fails_at_once_without_retries(hub_down, t
 
 def test_hf_hub_offline_is_said_and_costs_no_connection(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    attempts = []
-    connect = socket.create_connection
-    monkeypatch.setattr(
-        socket, "create_connection", lambda address, *a, **kw: attempts.append(address) or connect(address, *a, **kw)
-    )
+    attempts = _count_connections(monkeypatch)
     r = run("generate", "--target", "no-such-org/no-such-model", "--drafter", "ngram", "-p", "hi")
     assert r.exit_code == 1 and "HF_HUB_OFFLINE is set" in r.output and "Retry" not in r.output
     assert attempts == []

@@ -178,7 +178,7 @@ def vllm_command(
             argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": 1}, separators=(",", ":"))]
     argv += list(extra_args)
     ours, proposer = spec_method(cfg), our_proposer(cfg)
-    notes += engine_only_notes(spec, ours, proposer=proposer is not None)
+    notes += engine_only_notes(spec, cfg)
     env = {"VLLM_API_KEY": api_key} if api_key else {}
     if cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
         env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB

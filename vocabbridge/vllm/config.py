@@ -241,11 +241,12 @@ def our_proposer(cfg: dict | None) -> str | None:
     return None
 
 
-def engine_only_notes(spec: EngineSpec, method: str | None = None, *, proposer: bool | None = None) -> list[str]:
-    """What vLLM ignores in ``spec``: the fields set away from their default that have no vLLM
-    meaning, or that only vocabbridge's own model proposers honour when ``method`` does not run on
-    one (``proposer``: whether it does; None: for the text and bridged methods, which always do)."""
-    ours = method in ("bridged", "text") if proposer is None else proposer and method != "ngram-map"
+def engine_only_notes(spec: EngineSpec, cfg: dict | None) -> list[str]:
+    """What vLLM ignores in ``spec`` run as ``cfg`` (its ``--speculative-config``): the fields set
+    away from their default that have no vLLM meaning, or that only vocabbridge's own model
+    proposers (text, bridged, draft) honour when ``cfg`` does not run one of them."""
+    method = spec_method(cfg)
+    ours = our_proposer(cfg) in ("text", "bridged", "draft")
     flags = [
         o.flag
         for name, o, default in options()
