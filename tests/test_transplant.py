@@ -567,7 +567,7 @@ def test_the_shared_row_map_starts_at_zero_shot_writes_its_logits_rows_and_moves
 
 
 def test_the_cli_hands_its_heal_options_to_the_recipe(tmp_path, monkeypatch):
-    """--heal-minutes, --heal-data-share and --heal-whole reach heal()'s recipe as given."""
+    """--heal-minutes, --heal-data-share, --heal-whole and --heal-data-dtype reach heal()'s recipe as given."""
     from vocabbridge.transplant import heal as heal_module
 
     folder = tmp_path / "d"
@@ -581,9 +581,11 @@ def test_the_cli_hands_its_heal_options_to_the_recipe(tmp_path, monkeypatch):
 
     monkeypatch.setattr(heal_module, "heal", stop)
     args = ["transplant", "d0", "--to", "t", "-o", str(folder), "--heal-only", "--heal-minutes", "12"]
-    r = CliRunner().invoke(main, [*args, "--heal-data-share", "0.7", "--heal-whole", "0.25"])
+    r = CliRunner().invoke(main, [*args, "--heal-data-share", "0.7", "--heal-whole", "0.25", "--heal-data-dtype", "bfloat16"])
     assert r.exit_code == 1 and "stopped after reading the recipe" in r.output, r.output
     recipe = got["recipe"]
-    assert (recipe.budget_minutes, recipe.data_share, recipe.whole_share) == (12, 0.7, 0.25)
+    assert (recipe.budget_minutes, recipe.data_share, recipe.whole_share, recipe.data_dtype) == (12, 0.7, 0.25, "bfloat16")
+    CliRunner().invoke(main, args)
+    assert got["recipe"].data_dtype == "auto"
     r = CliRunner().invoke(main, [*args, "--heal-data-share", "1"])
     assert r.exit_code == 2 and "--heal-data-share" in r.output

@@ -79,6 +79,15 @@ class _NewFolder(click.Path):
     "helps a short heal more than more steps.",
 )
 @click.option(
+    "--heal-data-dtype",
+    type=click.Choice(["auto", "int8", "bfloat16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="The target writing the heal data: auto is int8 on a CPU (as --dtype int8 serves it) and bfloat16 on CUDA. "
+    "On a CPU with AMX, bfloat16 writes about 2.3 times the answers a minute (26 against 11 tok/s, 16 prompts a "
+    "batch, on 2 Intel AVX-512 + AMX cores); its greedy answers may differ a little from the int8 target's.",
+)
+@click.option(
     "--heal-prompts", type=click.Path(exists=True, dir_okay=False), help="JSONL training prompts (default: the built-in set)."
 )
 @click.option(
@@ -103,6 +112,7 @@ def transplant_cmd(
     heal_minutes,
     heal_whole,
     heal_data_share,
+    heal_data_dtype,
     heal_prompts,
     heal_data,
     heal_only,
@@ -145,7 +155,13 @@ def transplant_cmd(
     if heal_minutes > 0:
         from ..transplant.heal import HealRecipe, heal
 
-        recipe = HealRecipe(budget_minutes=heal_minutes, data_share=heal_data_share, whole_share=heal_whole, prompts=heal_prompts)
+        recipe = HealRecipe(
+            budget_minutes=heal_minutes,
+            data_share=heal_data_share,
+            whole_share=heal_whole,
+            prompts=heal_prompts,
+            data_dtype=heal_data_dtype,
+        )
         healed = heal(
             output,
             target,
