@@ -84,8 +84,9 @@ class _NewFolder(click.Path):
     default="auto",
     show_default=True,
     help="The target writing the heal data: auto is int8 on a CPU (as --dtype int8 serves it) and bfloat16 on CUDA. "
-    "On a CPU with AMX, bfloat16 writes about 2.3 times the answers a minute (26 against 11 tok/s, 16 prompts a "
-    "batch, on 2 Intel AVX-512 + AMX cores); its greedy answers may differ a little from the int8 target's.",
+    "On a CPU with AMX, bfloat16 writes 2.3-3.1 times the answers a minute (33 against 11 tok/s, 16 prompts a "
+    "batch, on 2 Intel AMX cores: benchmarks/results/2026-12-07-heal-data-dtype); its greedy answers may differ a "
+    "little from the int8 target's.",
 )
 @click.option(
     "--heal-prompts", type=click.Path(exists=True, dir_okay=False), help="JSONL training prompts (default: the built-in set)."
