@@ -30,14 +30,13 @@ from vocabbridge.engine.invariant import quantize_rows
 from vocabbridge.engine.model import load_causal_lm
 from vocabbridge.presets import resolve_model
 from vocabbridge.training.data import generate_batch, render_prompts, training_prompts
+from vocabbridge.vllm.install import cpu_flags
 
 
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+def flags_shown() -> str:
+    """The vector units that decide these costs, of those /proc/cpuinfo lists."""
+    have = cpu_flags()
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in have) or "unknown"
 
 
 def data_rate(target: str, dtype: str, batch: int, new_tokens: int) -> dict:
@@ -88,7 +87,7 @@ def main() -> None:
     torch.manual_seed(0)
     data = [data_rate(args.target, d, args.batch, args.new_tokens) for d in ("int8", "bfloat16")]
     steps = [step_cost(args.drafter, a, args.steps) for a in (False, True)]
-    print(f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, flags: {cpu_flags()}")
+    print(f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, flags: {flags_shown()}")
     print("| data dtype | tokens | seconds | tok/s | × int8 |\n| --- | --- | --- | --- | --- |")
     for d in data:
         print(
@@ -99,7 +98,7 @@ def main() -> None:
         print(f"| {s['precision']} | {s['seconds_per_step']} | {steps[0]['seconds_per_step'] / s['seconds_per_step']:.2f} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {"cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "data": data, "whole_step": steps} | vars(args)
+        out = {"cpu_flags": flags_shown(), "threads": torch.get_num_threads(), "data": data, "whole_step": steps} | vars(args)
         args.json.write_text(json.dumps(out, indent=1, default=str) + "\n")
 
 

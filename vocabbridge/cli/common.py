@@ -128,6 +128,8 @@ def status(message: str):
 # ==== options several commands take, declared once =============================================
 
 BACKENDS = ("auto", "embedded", "vllm")
+# the target writing self-distillation data: train-head --data-dtype, transplant --heal-data-dtype
+DATA_DTYPES = ("auto", "int8", "float32", "bfloat16")
 
 
 def backend_option(help: str = "auto: vLLM when it is installed and a CUDA GPU is present, else the embedded engine."):

@@ -13,7 +13,7 @@ from ..heads import head_from_checkpoint
 from ..report import Section, fmt_int, fmt_pct, print_sections, to_json
 from ..training.export import export_for_vllm
 from ..training.train import ARCHS, Recipe, train_heads
-from .common import OUTPUT_DIR, json_option
+from .common import DATA_DTYPES, OUTPUT_DIR, json_option
 
 _DEFAULTS = Recipe()
 
@@ -129,7 +129,7 @@ def _opt(name: str, help: str, **kw):
     "data_dtype",
     "The target generating the data: auto (int8 on a CPU, as --dtype int8 serves it; bfloat16 on CUDA), int8, "
     "float32 or bfloat16.",
-    type=click.Choice(["auto", "int8", "float32", "bfloat16"]),
+    type=click.Choice(DATA_DTYPES),
 )
 @_opt(
     "dtype",

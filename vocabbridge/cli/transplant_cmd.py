@@ -9,7 +9,7 @@ import click
 
 from ..report import Section, fmt_int, fmt_pct, print_sections, to_markdown
 from ..tokenizer import load_tokenizer
-from .common import emit, format_options, status, writable_path
+from .common import DATA_DTYPES, emit, format_options, status, writable_path
 
 
 class _NewFolder(click.Path):
@@ -80,7 +80,7 @@ class _NewFolder(click.Path):
 )
 @click.option(
     "--heal-data-dtype",
-    type=click.Choice(["auto", "int8", "bfloat16", "float32"]),
+    type=click.Choice(DATA_DTYPES),
     default="auto",
     show_default=True,
     help="The target writing the heal data: auto is int8 on a CPU (as --dtype int8 serves it) and bfloat16 on CUDA. "
