@@ -16,23 +16,36 @@
 # 15 MiB, fetch them in calls of at most 8 files; tools/device/pack.py --unpack --file model.safetensors)
 # replaces the tensors of a zero-shot transplant made here with the same command, which is
 # deterministic: `vocabbridge transplant DRAFTER --to TARGET -o drafters/NAME`.
+#
+# DATA=FOLDER: heal on data written elsewhere (a CPU heal's --heal-data folder, made small by
+# tools/device/slim_data.py) instead of the target's: no train-head, no bench, and TARGET may then be
+# a weightless folder of the target's tokenizer, config and generation config (the transplant reads
+# no target weights with --init mean), so that only the drafter's GGUF need travel.
 set -euo pipefail
 target=$1 drafter=$2 name=$3 minutes=$4
 shift 4
 run=/tmp/vb/runs/$name
 mkdir -p "$run"
-echo "== $(date +%T) data: the target's prompts and answers (train-head), an MTP head on the side"
-python3 -m vocabbridge train-head --target "$target" --device "${DEVICE:-cuda}" --arch mtp --data "$run/data" \
-    -o "$run/mtp" --json "$@" > "$run/mtp.json"
+# Both models resolve before minutes of data are spent (a missing part fails here, not at the transplant).
+python3 -m vocabbridge transplant "$drafter" --to "$target" --plan-only --format json > "$run/plan.json"
+if [ -n "${DATA:-}" ]; then
+    data=$DATA
+else
+    data=$run/data
+    echo "== $(date +%T) data: the target's prompts and answers (train-head), an MTP head on the side"
+    python3 -m vocabbridge train-head --target "$target" --device "${DEVICE:-cuda}" --arch mtp --data "$data" \
+        -o "$run/mtp" --json "$@" > "$run/mtp.json"
+fi
 echo "== $(date +%T) transplant"
 python3 -m vocabbridge transplant "$drafter" --to "$target" -o "$run/zero-shot" --overwrite --format json > "$run/transplant.json"
 rm -rf "$run/healed"
 cp -r "$run/zero-shot" "$run/healed"
 echo "== $(date +%T) heal for $minutes minutes"
-python3 -m vocabbridge transplant "$drafter" --to "$target" -o "$run/healed" --heal-only --heal-data "$run/data" \
+python3 -m vocabbridge transplant "$drafter" --to "$target" -o "$run/healed" --heal-only --heal-data "$data" \
     --heal-minutes "$minutes" --heal-whole "${WHOLE:-0}" --format json > "$run/heal.json"
 python3 tools/device/pack.py --file model.safetensors --changed "$run/zero-shot" "$run/healed" "$run/pack-healed"
 echo "== $(date +%T) PACKED: $(ls "$run/pack-healed" | wc -l) files in $run/pack-healed"
+[ -n "${DATA:-}" ] && { echo "== $(date +%T) HEAL DONE (given data: no target here to bench with)"; exit 0; }
 echo "== $(date +%T) bench"
 python3 benchmarks/bench_engine_drafters.py --target "$target" --device "${DEVICE:-cuda}" -k "${K:-4}" \
     --drafters "${BENCH_DRAFTERS:-none,ngram,$drafter:text,$run/zero-shot,$run/healed,$run/healed:ngram+draft,mtp:$run/mtp}" \

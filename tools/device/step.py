@@ -87,9 +87,20 @@ def parts() -> None:
                 got.unlink()
 
 
+def incomplete() -> list[str]:
+    """The models whose manifest this call carried that have not all arrived on this machine."""
+    names = [json.loads(m.read_text())["name"] for m in sorted((ROOT / ".device" / "meta").glob("*.json"))]
+    return [n for n in names if not (VB / "models" / n).exists()]
+
+
 def launch(name: str, cmd: list[str]) -> None:
     """CMD in its own session, from a frozen copy of the repo: the next calls re-send the working
-    tree, and a job importing a module while that happens would find it missing."""
+    tree, and a job importing a module while that happens would find it missing. Refused while a
+    model this call's manifests name is incomplete: a fresh machine (the last one went back between
+    calls) has none of the parts sent before, and the job would spend minutes before failing."""
+    if missing := incomplete():
+        print(f"not launching {name}: {', '.join(missing)} incomplete on this machine (a fresh one?): send every part again")
+        return
     code = VB / "code" / name
     shutil.rmtree(code, ignore_errors=True)
     shutil.copytree(ROOT, code, ignore=shutil.ignore_patterns(".git", ".device", ".whl", "__pycache__", "*.so"))
